@@ -1,0 +1,83 @@
+"""Every error the provider raises.
+
+::
+
+    PlanProviderError
+    ├── PlanValidationError      a plan broke one or more rules; ``.problems`` lists each one
+    ├── PlanningError            a planner produced no usable plan (``.problems`` from the last attempt)
+    ├── BudgetExceeded           max_steps or max_replans is spent
+    └── ToolError                raised by tools, read by the node runner
+        ├── TransientToolError   worth retrying (timeouts, 5xx, rate limits)
+        ├── PermanentToolError   retrying cannot help (bad credentials, missing resource)
+        └── ReplanRequested      the tool worked, and its result makes the rest of the plan moot
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_plan_provider.plan.problems import Problem
+
+
+class PlanProviderError(Exception):
+    """Base class of every error raised by airflow-plan-provider."""
+
+
+class PlanValidationError(PlanProviderError):
+    """A plan is invalid. ``problems`` holds every problem found, not only the first."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"plan is invalid ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class PlanningError(PlanProviderError):
+    """The planner could not produce a valid plan."""
+
+    def __init__(self, message: str, problems: list[Problem] | None = None, *, reason: str = "no_plan"):
+        self.problems = list(problems or [])
+        self.reason = reason
+        if self.problems:
+            message += "\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+class BudgetExceeded(PlanProviderError):
+    """A session budget is spent; ``reason`` is ``step_budget`` or ``replan_budget``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class ToolError(PlanProviderError):
+    """Base class of the errors a tool raises to tell the runner what to do next."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class TransientToolError(ToolError):
+    """The call may succeed if tried again; the node is retried with backoff."""
+
+    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class PermanentToolError(ToolError):
+    """The call cannot succeed as planned; the node fails at once and becomes a replan candidate."""
+
+
+class ReplanRequested(ToolError):
+    """The tool ran and its result shows the rest of the plan is moot.
+
+    ``output`` is kept as the node's output, so a replan can use it.
+    """
+
+    def __init__(self, reason: str, output: Any = None) -> None:
+        super().__init__(reason)
+        self.output = output

@@ -1,0 +1,104 @@
+"""The plan as data: nodes, edges and the validated plan with its layers.
+
+A planner writes::
+
+    {"nodes": [{"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}}],
+     "edges": [{"from": "1", "to": "5", "optional": true}]}
+
+Nodes may instead list their parents in ``dependencies``; those become hard edges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NODE_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
+
+
+class Node(BaseModel):
+    """One step of a plan: a tool called with params."""
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+    id: str = Field(pattern=NODE_ID_PATTERN, description="Unique id of the step, e.g. '1' or 'fetch_metrics'.")
+    action: str = Field(description="What the step does, in a few words.")
+    tool: str = Field(description="Name of a tool from the catalog.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments for the tool. A value '${ID}' or '${ID.field}' uses an upstream step's output.",
+    )
+    expected_outcome: str | None = Field(default=None, description="What a successful result looks like.")
+    dependencies: list[str] | None = Field(
+        default=None, description="Ids of steps that must finish first (alternative to edges)."
+    )
+
+
+class Edge(BaseModel):
+    """``from`` must finish before ``to`` starts. An optional edge does not block ``to`` when ``from`` fails."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
+
+    source: str = Field(alias="from")
+    target: str = Field(alias="to")
+    optional: bool = False
+
+
+class Plan(BaseModel):
+    """A goal broken into nodes and the edges between them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str = ""
+    nodes: list[Node]
+    edges: list[Edge] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _dependencies_to_edges(self) -> Plan:
+        existing = {(e.source, e.target) for e in self.edges}
+        for node in self.nodes:
+            for parent in node.dependencies or ():
+                if (str(parent), node.id) not in existing:
+                    self.edges.append(Edge.model_validate({"from": str(parent), "to": node.id}))
+                    existing.add((str(parent), node.id))
+            node.dependencies = None
+        return self
+
+    def node(self, node_id: str) -> Node:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The plan in the shape planners write (``from``/``to`` edges, no empty fields)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ValidatedPlan(Plan):
+    """A plan that passed validation, with its layers (topological generations, each sorted).
+
+    ``soft_edges`` lists ``(from, to)`` pairs whose dependency is optional; ``parents`` maps every node
+    to its parents, including those implied by ``${...}`` references.
+    """
+
+    layers: list[list[str]]
+    parents: dict[str, list[str]]
+    soft_edges: list[tuple[str, str]] = Field(default_factory=list)
+
+    def is_optional(self, parent: str, child: str) -> bool:
+        return (parent, child) in set(map(tuple, self.soft_edges))
+
+    def layer_of(self, node_id: str) -> int:
+        for index, layer in enumerate(self.layers):
+            if node_id in layer:
+                return index
+        raise KeyError(node_id)
+
+    def as_plan(self) -> Plan:
+        return Plan(goal=self.goal, nodes=self.nodes, edges=self.edges)

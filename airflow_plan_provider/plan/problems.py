@@ -1,0 +1,44 @@
+"""A single validation problem: a code, a message and the nodes involved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ProblemCode = Literal[
+    "schema",
+    "empty_plan",
+    "duplicate_id",
+    "dangling_edge",
+    "self_loop",
+    "cycle",
+    "unknown_tool",
+    "bad_params",
+    "bad_reference",
+    "too_many_nodes",
+    "too_deep",
+    "locked_changed",
+]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a plan.
+
+    ``nodes`` lists the node ids involved (for ``cycle``: the cycle in order, first node repeated
+    at the end); ``path`` is the location inside the plan or the params (a JSON path).
+    """
+
+    code: ProblemCode
+    message: str
+    nodes: tuple[str, ...] = ()
+    path: str = ""
+    detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        where = f" [nodes: {', '.join(self.nodes)}]" if self.nodes else ""
+        at = f" at {self.path}" if self.path else ""
+        return f"{self.code}: {self.message}{where}{at}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "nodes": list(self.nodes), "path": self.path}
