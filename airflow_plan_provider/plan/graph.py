@@ -1,4 +1,4 @@
-"""Graph questions about a plan: parents, layers, descendants. Ordering uses stdlib ``graphlib``."""
+"""Graph questions about a plan: parents, layers, descendants. Cycles are reported as stdlib ``graphlib`` finds them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from graphlib import CycleError, TopologicalSorter
 
 
 def node_sort_key(node_id: str) -> tuple[int, int, str]:
-    """Numeric ids in numeric order ("2" before "10"), then the rest alphabetically."""
-    return (0, int(node_id), "") if node_id.isdigit() else (1, 0, node_id)
+    """Numeric ids in numeric order ("2" before "10", "01" before "1"), then the rest alphabetically."""
+    return (0, int(node_id), node_id) if node_id.isdecimal() else (1, 0, node_id)
 
 
 def topological_layers(parents: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -16,13 +16,36 @@ def topological_layers(parents: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
     Raises :class:`graphlib.CycleError` (``args[1]`` is the cycle, first node repeated at the end).
     """
-    sorter = TopologicalSorter(parents)
-    sorter.prepare()
+    # Kahn's algorithm, one generation at a time; a parent missing from the keys is a node without parents.
+    waiting: dict[str, int] = {}
+    children: dict[str, list[str]] = {}
+    for node, node_parents in parents.items():
+        count = 0
+        for parent in node_parents:
+            if parent in children:
+                children[parent].append(node)
+            else:
+                children[parent] = [node]
+            count += 1
+        waiting[node] = count
+    for parent in children:
+        waiting.setdefault(parent, 0)
+    layer = [node for node, count in waiting.items() if count == 0]
     layers: list[list[str]] = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready(), key=node_sort_key)
-        layers.append(ready)
-        sorter.done(*ready)
+    placed = 0
+    while layer:
+        layer.sort(key=node_sort_key)
+        layers.append(layer)
+        placed += len(layer)
+        ready: list[str] = []
+        for node in layer:
+            for child in children.get(node, ()):
+                waiting[child] -= 1
+                if not waiting[child]:
+                    ready.append(child)
+        layer = ready
+    if placed < len(waiting):
+        raise CycleError("nodes are in a cycle", find_cycle(parents))
     return layers
 
 

@@ -56,8 +56,11 @@ class Plan(BaseModel):
 
     @model_validator(mode="after")
     def _dependencies_to_edges(self) -> Plan:
+        with_dependencies = [node for node in self.nodes if node.dependencies is not None]
+        if not with_dependencies:
+            return self
         existing = {(e.source, e.target) for e in self.edges}
-        for node in self.nodes:
+        for node in with_dependencies:
             for parent in node.dependencies or ():
                 if (str(parent), node.id) not in existing:
                     self.edges.append(Edge.model_validate({"from": str(parent), "to": node.id}))

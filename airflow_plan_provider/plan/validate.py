@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from graphlib import CycleError
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from airflow_plan_provider.exceptions import PlanValidationError
-from airflow_plan_provider.plan.graph import find_cycle, topological_layers
+from airflow_plan_provider.plan.graph import topological_layers
 from airflow_plan_provider.plan.model import Edge, Node, Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.plan.references import contains_reference, iter_references
@@ -26,6 +29,10 @@ class Limits:
 
     max_nodes: int = 200
     max_depth: int = 10
+
+
+_NODES: TypeAdapter[list[Node]] = TypeAdapter(list[Node])
+_EDGES: TypeAdapter[list[Edge]] = TypeAdapter(list[Edge])
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -46,12 +53,14 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
     if isinstance(raw, str | bytes):
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError as error:
+        except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8/16/32
             return None, [Problem("schema", f"plan is not valid JSON: {error}")]
+        except RecursionError:
+            return None, [Problem("schema", "plan is not valid JSON: nested too deeply")]
     if not isinstance(raw, Mapping):
         return None, [Problem("schema", f"plan must be a JSON object, got {type(raw).__name__}")]
     problems: list[Problem] = []
-    unknown = sorted(set(raw) - set(Plan.model_fields))
+    unknown = sorted(set(raw) - set(Plan.model_fields), key=str)
     for key in unknown:
         problems.append(Problem("schema", f"unknown top-level field {key!r}", path=str(key)))
     goal = raw.get("goal", "")
@@ -66,25 +75,120 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
         problems.append(Problem("schema", "'edges' must be a list of edges", path="edges"))
         raw_edges = []
     nodes: list[Node] = []
-    for index, item in enumerate(raw_nodes):
-        try:
-            nodes.append(Node.model_validate(item))
-        except ValidationError as error:
-            node_id = str(item.get("id")) if isinstance(item, Mapping) and "id" in item else ()
-            problems += _schema_problems(error, f"nodes[{index}]", (node_id,) if node_id else ())
+    try:
+        nodes = _NODES.validate_python(raw_nodes)  # the whole list at once; element by element on failure
+    except ValidationError:
+        for index, item in enumerate(raw_nodes):
+            try:
+                nodes.append(Node.model_validate(item))
+            except ValidationError as error:
+                node_id = str(item.get("id")) if isinstance(item, Mapping) and "id" in item else ()
+                problems += _schema_problems(error, f"nodes[{index}]", (node_id,) if node_id else ())
     edges: list[Edge] = []
-    for index, item in enumerate(raw_edges):
-        try:
-            edges.append(Edge.model_validate(item))
-        except ValidationError as error:
-            problems += _schema_problems(error, f"edges[{index}]")
+    try:
+        edges = _EDGES.validate_python(raw_edges)
+    except ValidationError:
+        for index, item in enumerate(raw_edges):
+            try:
+                edges.append(Edge.model_validate(item))
+            except ValidationError as error:
+                problems += _schema_problems(error, f"edges[{index}]")
     return Plan(goal=goal, nodes=nodes, edges=edges), problems
+
+
+# Keywords whose verdict depends only on an object's keys or an array's length: a reference among the
+# values cannot change it, so such an error stands even when the instance holds a reference.
+_SHAPE_KEYWORDS = frozenset(
+    {"required", "additionalProperties", "minProperties", "maxProperties", "dependentRequired", "minItems", "maxItems"}
+)
+
+Check = Callable[[Any], bool]
+
+# Exact type tests that imply the JSON Schema type (stricter than jsonschema: a miss falls back to it).
+_TYPE_CHECKS: dict[str, Check] = {
+    "string": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) is int or type(v) is float,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+}
+_ANNOTATION_KEYWORDS = frozenset({"title", "description", "default", "examples"})
+
+
+def _always(value: Any) -> bool:
+    return True
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+def _fast_check(schema: Any) -> Check | None:
+    """A quick test for the common shape of argument schemas (typed properties, ``required``,
+    ``additionalProperties``, ``items``, ``anyOf``), or None for a schema outside that shape.
+
+    The test returning True guarantees jsonschema finds no error; False only means "ask jsonschema",
+    so every reported problem still comes from jsonschema.
+    """
+    if schema is True:
+        return _always
+    if not isinstance(schema, dict):
+        return None
+    keywords = set(schema) - _ANNOTATION_KEYWORDS
+    if not keywords:
+        return _always
+    if keywords == {"anyOf"} and isinstance(schema["anyOf"], list):
+        options = [_fast_check(option) for option in schema["anyOf"]]
+        if any(option is None for option in options):
+            return None
+        return lambda v: any(option(v) for option in options)  # type: ignore[misc]
+    kind = schema.get("type")
+    if kind in _TYPE_CHECKS and keywords == {"type"}:
+        return _TYPE_CHECKS[kind]
+    if kind == "array" and keywords <= {"type", "items"}:
+        items = _fast_check(schema.get("items", True))
+        if items is None:
+            return None
+        return lambda v: type(v) is list and all(items(item) for item in v)
+    if kind == "object" and keywords <= {"type", "properties", "required", "additionalProperties"}:
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        extra = schema.get("additionalProperties", True)
+        if not isinstance(properties, dict) or not isinstance(required, list):
+            return None
+        checks = {name: _fast_check(sub) for name, sub in properties.items()}
+        extra_check = _never if extra is False else _fast_check(extra)
+        if extra_check is None or any(check is None for check in checks.values()):
+            return None
+
+        def check_object(value: Any) -> bool:
+            if type(value) is not dict or any(name not in value for name in required):
+                return False
+            for name, item in value.items():
+                check = checks.get(name, extra_check)
+                if not check(item):  # type: ignore[misc]
+                    return False
+            return True
+
+        return check_object
+    return None
+
+
+def _may_hold_reference(params: dict[str, Any]) -> bool:
+    """False when no value can hold a reference (flat params without ``${``): skips the full walk."""
+    for value in params.values():
+        if isinstance(value, str):
+            if "${" in value:
+                return True
+        elif isinstance(value, dict | list):
+            return True
+    return False
 
 
 def _param_problems(node: Node, tool: Tool) -> list[Problem]:
     problems = []
     for error in tool.validator.iter_errors(node.params):
-        if contains_reference(error.instance):
+        if error.validator not in _SHAPE_KEYWORDS and contains_reference(error.instance):
             continue  # checked again once the reference is resolved, right before the call
         path = "params" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         problems.append(
@@ -99,6 +203,32 @@ def _param_problems(node: Node, tool: Tool) -> list[Problem]:
     return problems
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _cyclic_gc_paused(func: Callable[P, R]) -> Callable[P, R]:
+    """Run ``func`` with the cyclic garbage collector paused.
+
+    Validation allocates many small objects that form no reference cycles (reference counting frees
+    them); on plans of thousands of nodes the collector's passes would otherwise cost about as much
+    as the validation itself.
+    """
+
+    @functools.wraps(func)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not gc.isenabled():
+            return func(*args, **kwargs)
+        gc.disable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
+
+
+@_cyclic_gc_paused
 def validate_plan(
     plan: Plan | Mapping[str, Any] | str | bytes,
     tools: Mapping[str, Tool] | None = None,
@@ -157,6 +287,7 @@ def validate_plan(
     hard = {(e.source, e.target) for e in parsed.edges if not e.optional}
     soft -= hard
 
+    fast_checks: dict[str, Check | None] = {}
     for index, node in enumerate(parsed.nodes):
         if tools is not None:
             tool = tools.get(node.tool)
@@ -170,8 +301,12 @@ def validate_plan(
                     )
                 )
             else:
-                problems += _param_problems(node, tool)
-        for ref in iter_references(node.params):
+                if node.tool not in fast_checks:
+                    fast_checks[node.tool] = _fast_check(tool.args_schema)
+                fast_check = fast_checks[node.tool]
+                if fast_check is None or not fast_check(node.params):
+                    problems += _param_problems(node, tool)
+        for ref in iter_references(node.params) if _may_hold_reference(node.params) else ():
             if ref.node_id not in ids:
                 problems.append(
                     Problem(
@@ -194,11 +329,12 @@ def validate_plan(
                 parents[node.id].add(ref.node_id)
 
     layers: list[list[str]] = []
-    cycle = find_cycle(parents)
-    if cycle is not None:
+    try:
+        layers = topological_layers(parents)
+    except CycleError as error:
+        cycle = [str(node) for node in error.args[1]]
         problems.append(Problem("cycle", f"plan has a cycle: {' -> '.join(cycle)}", tuple(cycle)))
     else:
-        layers = topological_layers(parents)
         if len(layers) > limits.max_depth:
             problems.append(
                 Problem(
@@ -214,6 +350,14 @@ def validate_plan(
         nodes=parsed.nodes,
         edges=parsed.edges,
         layers=layers,
-        parents={node_id: sorted(p, key=str) for node_id, p in parents.items()},
+        parents={node_id: sorted(p) for node_id, p in parents.items()},
         soft_edges=sorted(soft),
     )
+
+
+def parse_plan(raw: Plan | Mapping[str, Any] | str | bytes) -> Plan:
+    """Parse a plan's shape only (no graph or tool checks); raises :class:`PlanValidationError`."""
+    parsed, problems = _parse(raw)
+    if parsed is None or problems:
+        raise PlanValidationError(problems)
+    return parsed

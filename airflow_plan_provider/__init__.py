@@ -1,0 +1,51 @@
+"""airflow-plan-provider: turn a goal into a validated plan and run it as Airflow tasks.
+
+Public names are loaded lazily, so provider discovery and the pure plan core stay cheap and never
+import Airflow unless an Airflow-facing name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Budgets": "airflow_plan_provider.plan.budgets",
+    "Edge": "airflow_plan_provider.plan.model",
+    "Limits": "airflow_plan_provider.plan.validate",
+    "Node": "airflow_plan_provider.plan.model",
+    "PermanentToolError": "airflow_plan_provider.exceptions",
+    "Plan": "airflow_plan_provider.plan.model",
+    "PlanDiff": "airflow_plan_provider.plan.replan",
+    "PlanProviderError": "airflow_plan_provider.exceptions",
+    "PlanRequest": "airflow_plan_provider.planners.base",
+    "PlanValidationError": "airflow_plan_provider.exceptions",
+    "Planner": "airflow_plan_provider.planners.base",
+    "PlanningError": "airflow_plan_provider.exceptions",
+    "Problem": "airflow_plan_provider.plan.problems",
+    "ReplanRequested": "airflow_plan_provider.exceptions",
+    "SessionResult": "airflow_plan_provider.plan.result",
+    "Tool": "airflow_plan_provider.tools.registry",
+    "ToolContext": "airflow_plan_provider.tools.registry",
+    "ToolRegistry": "airflow_plan_provider.tools.registry",
+    "TransientToolError": "airflow_plan_provider.exceptions",
+    "ValidatedPlan": "airflow_plan_provider.plan.model",
+    "build_plan_dag": "airflow_plan_provider.dag_factory",
+    "merge_replan": "airflow_plan_provider.plan.replan",
+    "plan_diff": "airflow_plan_provider.plan.replan",
+    "validate_plan": "airflow_plan_provider.plan.validate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'airflow_plan_provider' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

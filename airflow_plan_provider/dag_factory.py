@@ -1,0 +1,118 @@
+"""Build a plan-and-execute DAG in one call.
+
+::
+
+    dag = build_plan_dag("incident_report", planner=my_planner, tools=my_tools)
+
+The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer, one instance per node)
+→ ``finalize`` → ``replan`` (only runs when a replan is due). Layer 0 maps over the planning task's
+return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer 0, so no
+extra scheduling hop sits on the critical path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from airflow_plan_provider.operators._xcom import FINALIZE_TASK, PLAN_TASK, REPLAN_TASK, layer_task_id, select_task_id
+from airflow_plan_provider.operators.finalize import FinalizePlanOperator
+from airflow_plan_provider.operators.node import NODE_LABEL, LayerSelectOperator, PlanNodeOperator
+from airflow_plan_provider.operators.planning import PlanOperator
+from airflow_plan_provider.operators.replan import ReplanOperator
+from airflow_plan_provider.plan.budgets import Budgets
+from airflow_plan_provider.plan.validate import Limits
+from airflow_plan_provider.planners.base import Planner
+from airflow_plan_provider.tools.registry import ToolRegistry
+
+MAP_INDEX_TEMPLATE = "{{ %s | default(task.plan_node) }}" % NODE_LABEL
+
+
+def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Param]:
+    """The trigger form: a goal, an optional ready plan, and the session budgets."""
+    budgets = budgets or Budgets()
+    return {
+        "goal": Param(goal, type="string", title="Goal", description="What the plan should achieve."),
+        "plan": Param(None, type=["null", "object"], title="Ready plan",
+                      description="A plan (nodes and edges) to run as is; the planner is skipped."),
+        "max_replans": Param(budgets.max_replans, type="integer", minimum=0, title="Max replans"),
+        "max_steps": Param(budgets.max_steps, type="integer", minimum=1, title="Max node executions"),
+    }
+
+
+def build_plan_dag(
+    dag_id: str,
+    *,
+    planner: Planner | None,
+    tools: ToolRegistry | str | None = None,
+    max_layers: int = 6,
+    max_nodes: int = 200,
+    max_active_nodes: int = 5,
+    pool: str | None = None,
+    node_retries: int = 2,
+    retry_delay: timedelta = timedelta(seconds=5),
+    retry_exponential_backoff: float = 2.0,
+    max_retry_delay: timedelta = timedelta(minutes=5),
+    node_timeout: timedelta | None = None,
+    max_steps: int = 50,
+    max_replans: int = 3,
+    repair_attempts: int = 2,
+    replan: bool = True,
+    goal: str = "",
+    schedule: Any = None,
+    params: Mapping[str, Any] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """A DAG that plans ``goal`` with ``planner`` and runs the plan with ``tools``.
+
+    ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
+    ``max_active_nodes`` caps the nodes running at once in one run; ``pool`` shares a cap across runs.
+    """
+    dag_kwargs.setdefault("tags", ["plan"])
+    dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
+    dag_kwargs.setdefault("catchup", False)
+    all_params: dict[str, Any] = {**plan_params(goal, Budgets(max_steps=max_steps, max_replans=max_replans)),
+                                  **(params or {})}
+    node_kwargs: dict[str, Any] = {
+        "tools": tools,
+        "retries": node_retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": retry_exponential_backoff,
+        "max_retry_delay": max_retry_delay,
+        "max_active_tis_per_dagrun": max_active_nodes,
+        "map_index_template": MAP_INDEX_TEMPLATE,
+        "execution_timeout": node_timeout,
+    }
+    if pool:
+        node_kwargs["pool"] = pool
+    with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
+        plan = PlanOperator(
+            task_id=PLAN_TASK, planner=planner, tools=tools, repair_attempts=repair_attempts,
+            limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
+        )
+        previous: Any = plan
+        for index in range(max_layers):
+            if index == 0:
+                source = plan.output
+            else:
+                select = LayerSelectOperator(task_id=select_task_id(index), layer=index)
+                plan >> select
+                source = select.output
+            layer = PlanNodeOperator.partial(
+                task_id=layer_task_id(index),
+                trigger_rule=TriggerRule.ALL_SUCCESS if index == 0 else TriggerRule.ALL_DONE,
+                **node_kwargs,
+            ).expand(plan_node=source)
+            previous >> layer
+            previous = layer
+        finalize = FinalizePlanOperator(
+            task_id=FINALIZE_TASK, trigger_rule=TriggerRule.ALL_DONE,
+            replan_task_id=REPLAN_TASK if replan else None,
+        )
+        [plan, previous] >> finalize
+        if replan:
+            finalize >> ReplanOperator(task_id=REPLAN_TASK)
+    return dag

@@ -1,0 +1,1 @@
+"""Airflow operators that run a plan: planning, one mapped task per layer, finalize, replan."""

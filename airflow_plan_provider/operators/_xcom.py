@@ -1,0 +1,44 @@
+"""Names and helpers shared by the plan operators: task ids, XCom keys, and reading node records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.session import SessionState
+
+PLAN_TASK = "plan"
+FINALIZE_TASK = "finalize"
+REPLAN_TASK = "replan"
+PLAN_KEY = "plan"
+SESSION_KEY = "session"
+PLANNING_ERROR_KEY = "planning_error"
+NODE_KEY = "node"
+RESULT_KEY = "return_value"
+REPLAN_CONF_KEY = "replan_conf"
+
+
+def layer_task_id(index: int) -> str:
+    return f"layer_{index}"
+
+
+def select_task_id(index: int) -> str:
+    return f"select_layer_{index}"
+
+
+def pull_plan(ti: Any) -> ValidatedPlan | None:
+    raw = ti.xcom_pull(task_ids=PLAN_TASK, key=PLAN_KEY)
+    return ValidatedPlan.model_validate(raw) if raw else None
+
+
+def pull_session(ti: Any) -> SessionState:
+    raw = ti.xcom_pull(task_ids=PLAN_TASK, key=SESSION_KEY)
+    return SessionState.model_validate(raw or {})
+
+
+def pull_node_record(ti: Any, plan: ValidatedPlan, node_id: str) -> dict[str, Any] | None:
+    """The record a node pushed (status, output, ...), or None if its task never reported."""
+    layer = plan.layer_of(node_id)
+    index = plan.layers[layer].index(node_id)
+    record = ti.xcom_pull(task_ids=layer_task_id(layer), key=NODE_KEY, map_indexes=index)
+    return record if isinstance(record, dict) else None

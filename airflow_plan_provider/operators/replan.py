@@ -1,0 +1,66 @@
+"""The replan task: start the next revision as a new run of the same DAG and wait for it, deferred."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_plan_provider.operators._xcom import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
+
+
+def replan_run_id(root_run_id: str, revision: int) -> str:
+    """Run ids of a session's revisions: the root run's id with the revision, easy to follow in the UI."""
+    return f"{root_run_id}__replan_{revision}"
+
+
+class ReplanOperator(TriggerDagRunOperator):
+    """Trigger the replan run prepared by finalize, wait for it without holding a worker slot, and
+    report the outcome of the whole chain (XCom ``return_value``); fail when the chain failed.
+
+    Skips itself when finalize prepared no replan.
+    """
+
+    ui_color = "#f7e1f5"
+
+    def __init__(self, *, poke_interval: int = 2, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_dag_id", "__set_at_runtime__")
+        super().__init__(
+            wait_for_completion=True,
+            deferrable=True,
+            poke_interval=poke_interval,
+            logical_date=None,
+            openlineage_inject_parent_info=False,
+            **kwargs,
+        )
+
+    def execute(self, context: Any) -> None:
+        ti = context["ti"]
+        conf = ti.xcom_pull(task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY)
+        if not conf:
+            raise AirflowSkipException("no replan was prepared")
+        session = conf["session"]
+        self.trigger_dag_id = ti.dag_id
+        self.conf = conf
+        self.trigger_run_id = replan_run_id(session["root_run_id"], session["revision"])
+        self.note = f"revision {session['revision']} of {session['root_run_id']} (parent {ti.run_id})"
+        self.log.info("starting revision %s as run %s", session["revision"], self.trigger_run_id)
+        super().execute(context)
+
+    def execute_complete(self, context: Any, event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+        ti = context["ti"]
+        child = event[1]["run_ids"][0]
+        result = None
+        for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a child that replanned reports through its replan task
+            result = ti.xcom_pull(task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY,
+                                  map_indexes=-1)
+            if result and (task_id == FINALIZE_TASK or result.get("run_ids")):
+                break
+        if not result:
+            raise AirflowFailException(f"replan run {child} ended ({event[1].get(child)}) without a result")
+        self.log.info("session ended %s (%s) after run %s", result["status"], result["reason"], child)
+        if result["status"] != "completed":
+            ti.xcom_push(key=RESULT_KEY, value=result)
+            raise AirflowFailException(f"plan session failed ({result['reason']}): {result.get('message', '')}")
+        return dict(result)

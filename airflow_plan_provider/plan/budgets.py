@@ -1,0 +1,29 @@
+"""Session budgets: node executions and replans across every revision of one goal."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Budgets(BaseModel):
+    max_steps: int = Field(default=50, ge=1, description="Node executions across all revisions.")
+    max_replans: int = Field(default=3, ge=0, description="Replans of one goal.")
+
+
+class Usage(BaseModel):
+    steps: int = 0
+    replans: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add_tokens(self, usage: dict[str, int]) -> None:
+        self.prompt_tokens += int(usage.get("prompt_tokens", 0))
+        self.completion_tokens += int(usage.get("completion_tokens", 0))
+
+
+def step_allowed(budgets: Budgets, steps_before: int, position: int) -> bool:
+    """Whether the node at ``position`` (0-based, in execution order) of this revision may execute.
+
+    The position is fixed by the plan (layer, then id), so nodes running in parallel agree on it.
+    """
+    return steps_before + position + 1 <= budgets.max_steps

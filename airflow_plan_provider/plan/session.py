@@ -1,0 +1,134 @@
+"""A plan session across revisions: the state each run carries, and the decision at the end of a run.
+
+One goal may take several runs of the plan DAG: revision 0 plans and executes; each replan starts a new
+run (revision n+1) whose conf carries a :class:`SessionState` with the locked nodes' outputs, the history
+and the budgets used so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from airflow_plan_provider.plan.budgets import Budgets, Usage
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.result import Event, NodeRecord, Reason, Revision, SessionResult, summarize
+from airflow_plan_provider.plan.state import NodeStatus
+
+
+class LockedOutput(BaseModel):
+    """A node that succeeded earlier: its call, its saved output (or artifact reference) and a summary."""
+
+    action: str
+    tool: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    output: Any = None
+    summary: str = ""
+
+
+class SessionState(BaseModel):
+    goal: str = ""
+    root_run_id: str = ""
+    parent_run_id: str | None = None
+    run_ids: list[str] = Field(default_factory=list)
+    revision: int = 0
+    budgets: Budgets = Field(default_factory=Budgets)
+    usage: Usage = Field(default_factory=Usage)
+    locked: dict[str, LockedOutput] = Field(default_factory=dict)
+    history: list[NodeRecord] = Field(default_factory=list)
+    revisions: list[Revision] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+    # set by the planning step of this run
+    current_plan: dict[str, Any] | None = None
+    execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
+    # set when a run ends by asking for a replan
+    failed: list[str] = Field(default_factory=list)
+    replan_requested: list[str] = Field(default_factory=list)
+    last_error: str | None = None
+
+    def event(self, type_: str, node_id: str | None = None, **data: Any) -> Event:
+        event = Event(type=type_, revision=self.revision, node_id=node_id, data=data)
+        self.events.append(event)
+        return event
+
+    def result(self, status: Literal["completed", "failed"], reason: Reason, message: str = "",
+               outputs: Mapping[str, Any] | None = None) -> SessionResult:
+        return SessionResult(
+            status=status,
+            reason=reason,
+            goal=self.goal,
+            root_run_id=self.root_run_id,
+            run_ids=list(self.run_ids),
+            history=list(self.history),
+            revisions=list(self.revisions),
+            events=list(self.events),
+            outputs=dict(outputs or {}),
+            usage=self.usage,
+            message=message,
+        )
+
+
+class Conclusion(BaseModel):
+    """How a run ends: the goal is met, a replan is due, or the session gives up."""
+
+    kind: Literal["done", "replan", "give_up"]
+    reason: str  # a SessionResult reason when giving up; what prompted the replan otherwise
+    message: str = ""
+    failed: list[str] = Field(default_factory=list)
+    replan_requested: list[str] = Field(default_factory=list)
+
+
+def statuses_of(records: Mapping[str, NodeRecord]) -> dict[str, NodeStatus]:
+    return {node_id: NodeStatus(record.status) for node_id, record in records.items()}
+
+
+def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: SessionState) -> Conclusion:
+    """Decide the end of a run from its node records and the session's budgets."""
+    failed = [n for n in plan.node_ids if n in records and records[n].status == "failed"]
+    moot = [n for n in plan.node_ids if n in records and records[n].replan_requested]
+    starved = [n for n in plan.node_ids if n in records and records[n].budget_exhausted]
+    budgets, usage = state.budgets, state.usage
+    if starved:
+        return Conclusion(
+            kind="give_up",
+            reason="step_budget",
+            message=f"step budget of {budgets.max_steps} spent; not executed: {', '.join(starved)}",
+            failed=failed,
+        )
+    if not failed and not moot:
+        return Conclusion(kind="done", reason="goal_met", message="every node succeeded")
+    what = "; ".join(
+        [f"node {n} failed: {records[n].error}" for n in failed]
+        + [f"node {n} requested a replan: {records[n].error}" for n in moot]
+    )
+    if budgets.max_replans == 0:
+        return Conclusion(kind="give_up", reason="node_failed" if failed else "replan_budget", message=what,
+                          failed=failed, replan_requested=moot)
+    if usage.replans >= budgets.max_replans:
+        return Conclusion(
+            kind="give_up",
+            reason="replan_budget",
+            message=f"{usage.replans} replan(s) used of {budgets.max_replans}; {what}",
+            failed=failed,
+            replan_requested=moot,
+        )
+    if usage.steps >= budgets.max_steps:
+        return Conclusion(kind="give_up", reason="step_budget",
+                          message=f"step budget of {budgets.max_steps} spent; {what}", failed=failed,
+                          replan_requested=moot)
+    return Conclusion(kind="replan", reason="node_failed" if failed else "replan_requested", message=what,
+                      failed=failed, replan_requested=moot)
+
+
+def lock_successes(plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any],
+                   state: SessionState) -> None:
+    """Add this run's succeeded nodes to the locked set, with their outputs."""
+    for node in plan.nodes:
+        record = records.get(node.id)
+        if record is not None and record.status == "success" and node.id not in state.locked:
+            state.locked[node.id] = LockedOutput(
+                action=node.action, tool=node.tool, params=node.params, output=outputs.get(node.id),
+                summary=record.output_summary or summarize(outputs.get(node.id)),
+            )

@@ -1,0 +1,123 @@
+"""The planner protocol and the repair loop every planner shares.
+
+A planner turns a :class:`PlanRequest` into a plan (a :class:`Plan`, a dict, or the raw JSON text a
+model wrote) or ``None`` when it has no plan. For a replan (``request.is_replan``) it returns only the
+replacement for the affected subgraph. :func:`plan_with_repairs` validates each reply and, while
+attempts remain, asks again with the validator's problems; it never repairs a plan itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
+from airflow_plan_provider.plan.model import Plan, ValidatedPlan
+from airflow_plan_provider.plan.problems import Problem
+from airflow_plan_provider.plan.validate import Limits
+from airflow_plan_provider.tools.registry import ToolRegistry
+
+
+@dataclass(frozen=True)
+class LockedNode:
+    """A node that succeeded in an earlier revision: it may not change, and its output is reused.
+
+    ``summary`` is a short bounded text of the output (or of its artifact), never the full output.
+    """
+
+    id: str
+    action: str
+    tool: str
+    summary: str
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    goal: str
+    tools: ToolRegistry
+    limits: Limits = field(default_factory=Limits)
+    conf: Mapping[str, Any] = field(default_factory=dict)
+    # replanning
+    current_plan: Plan | None = None
+    locked: tuple[LockedNode, ...] = ()
+    failed_node: str | None = None
+    last_error: str | None = None
+    affected: tuple[str, ...] = ()
+    revision: int = 0
+    # repair feedback: the previous reply and what was wrong with it
+    previous_reply: str | None = None
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def is_replan(self) -> bool:
+        return self.current_plan is not None
+
+
+@dataclass
+class PlannerReply:
+    plan: Plan | Mapping[str, Any] | str | None
+    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
+
+
+@runtime_checkable
+class Planner(Protocol):
+    def plan(self, request: PlanRequest) -> PlannerReply | Plan | Mapping[str, Any] | str | None: ...
+
+
+def as_reply(result: PlannerReply | Plan | Mapping[str, Any] | str | None) -> PlannerReply:
+    return result if isinstance(result, PlannerReply) else PlannerReply(plan=result)
+
+
+@dataclass
+class PlanningOutcome:
+    plan: ValidatedPlan
+    attempts: int
+    usage: list[dict[str, int]]
+    rejected: list[list[dict[str, Any]]]  # problems of each rejected attempt
+
+
+def _reply_text(raw: Any) -> str:
+    import json
+
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, Plan):
+        return json.dumps(raw.to_json_dict())
+    return json.dumps(raw, default=str)
+
+
+def plan_with_repairs(
+    planner: Planner,
+    request: PlanRequest,
+    finish: Callable[[Any], ValidatedPlan],
+    *,
+    repair_attempts: int = 2,
+) -> PlanningOutcome:
+    """Ask ``planner`` for a plan, turn it into a validated plan with ``finish``, repair while allowed.
+
+    ``finish`` validates a fresh plan, or merges a replacement subgraph and validates the result; it
+    raises :class:`PlanValidationError`. Raises :class:`PlanningError` with reason ``no_plan`` when the
+    planner has no plan, or ``invalid_plan`` with every remaining problem when repairs run out.
+    """
+    usage: list[dict[str, int]] = []
+    rejected: list[list[dict[str, Any]]] = []
+    current = request
+    for attempt in range(1, repair_attempts + 2):
+        reply = as_reply(planner.plan(current))
+        if reply.usage:
+            usage.append(dict(reply.usage))
+        if reply.plan is None:
+            raise PlanningError("the planner returned no plan", reason="no_plan")
+        try:
+            return PlanningOutcome(finish(reply.plan), attempt, usage, rejected)
+        except PlanValidationError as error:
+            rejected.append([p.to_dict() for p in error.problems])
+            if attempt > repair_attempts:
+                raise PlanningError(
+                    f"no valid plan after {attempt} attempt(s) ({repair_attempts} repair(s))",
+                    error.problems,
+                    reason="invalid_plan",
+                ) from error
+            current = replace(request, previous_reply=_reply_text(reply.plan), problems=tuple(error.problems))
+    raise AssertionError("unreachable")

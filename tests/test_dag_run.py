@@ -1,0 +1,119 @@
+"""Plans run as Airflow tasks (dag.test on SQLite): layers, failure containment, soft deps, retries, caps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from tests.airflow_support import run_dag, task_states, xcom
+
+pytestmark = pytest.mark.airflow
+
+
+def seed_plan(optional_4_to_5: bool = False) -> dict:
+    nodes = [
+        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
+        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
+        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
+        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
+        {"id": "5", "action": "correlate latency", "tool": "analyze", "params": {"latency": "${1}", "logs": "${4}"}},
+        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
+    ]
+    edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": optional_4_to_5}]
+    edges.append({"from": "5", "to": "6"})
+    return {"goal": "find why the payment API got slow yesterday", "nodes": nodes, "edges": edges}
+
+
+def seed_tools(log: CallLog, **overrides: dict) -> list[ScriptedTool]:
+    spec = {
+        "query_metrics": {"returns": {"p99": 870}},
+        "query_service_health": {"returns": {"fraud-check": "degraded"}},
+        "query_deploys": {"returns": []},
+        "query_error_logs": {"returns": {"timeouts": 412}},
+        "analyze": {"returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}},
+        "report": {"returns": lambda params: {"report": params["finding"]}},
+    }
+    for name, change in overrides.items():
+        spec[name] = {**spec[name], **change}
+    return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]
+
+
+def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    tools = scripted_registry(*seed_tools(log, **(overrides or {})))
+    options.setdefault("max_layers", 3)
+    options.setdefault("retry_delay", timedelta(seconds=0))
+    options.setdefault("replan", False)
+    return build_plan_dag(dag_id, planner=ScriptedPlanner(plan_), tools=tools, **options)
+
+
+def test_seed_plan_completes(tmp_path):
+    log = CallLog(tmp_path)
+    dag = build("seed_ok", log, plan_=seed_plan())
+    run = run_dag(dag)
+    states = task_states(run)
+    assert str(run.state) == "success"
+    assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success"] * 4
+    assert states["layer_1[0]"] == states["layer_2[0]"] == "success"
+    result = xcom(run, "finalize")
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    assert result["outputs"]["6"] == {"report": {"inputs": ["latency", "logs"]}}
+    assert {n: log.count(node=n) for n in "123456"} == dict.fromkeys("123456", 1)
+
+
+def test_permanent_failure_skips_dependents_only(tmp_path):
+    log = CallLog(tmp_path)
+    dag = build("seed_fail", log, plan_=seed_plan(),
+                overrides={"query_deploys": {"permanent": "deploy API says 403"}})
+    run = run_dag(dag)
+    states = task_states(run)
+    assert str(run.state) == "failed"
+    assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
+    assert states["layer_1[0]"] == "skipped" and states["layer_2[0]"] == "skipped"
+    assert log.count("query_deploys") == 1  # a permanent error is not retried
+    result = xcom(run, "finalize")
+    assert (result["status"], result["reason"]) == ("failed", "node_failed")
+    by_node = {r["node_id"]: r for r in result["history"]}
+    assert by_node["3"]["status"] == "failed" and "403" in by_node["3"]["error"]
+    assert by_node["5"]["status"] == "skipped" and by_node["6"]["status"] == "skipped"
+
+
+def test_optional_parent_failure_names_missing_input(tmp_path):
+    log = CallLog(tmp_path)
+    dag = build("seed_soft", log, plan_=seed_plan(optional_4_to_5=True),
+                overrides={"query_error_logs": {"permanent": "log service down"}})
+    run = run_dag(dag)
+    states = task_states(run)
+    assert states["layer_0[3]"] == "failed"
+    assert states["layer_1[0]"] == "success" and states["layer_2[0]"] == "success"
+    record5 = xcom(run, "layer_1", key="node", map_index=0)
+    assert record5["missing_inputs"] == ["4"]
+    assert record5["output"] == {"inputs": ["latency"]}  # the missing input reached the tool as None
+    assert str(run.state) == "failed"  # a node failed and replanning is off
+    assert xcom(run, "finalize")["reason"] == "node_failed"
+
+
+def test_transient_failure_is_retried_by_airflow(tmp_path):
+    log = CallLog(tmp_path)
+    dag = build("seed_retry", log, plan_=seed_plan(), overrides={"query_metrics": {"transient_failures": 1}})
+    run = run_dag(dag)
+    assert str(run.state) == "success"
+    assert log.count("query_metrics") == 2
+    assert xcom(run, "layer_0", key="node", map_index=0)["attempts"] == 2
+
+
+def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
+    log = CallLog(tmp_path)
+    bad = seed_plan()
+    bad["edges"].append({"from": "6", "to": "1"})
+    dag = build("seed_cycle", log, plan_=bad)
+    run = run_dag(dag)
+    states = task_states(run)
+    assert str(run.state) == "failed"
+    assert states["plan"] == "failed"
+    assert log.count() == 0
+    result = xcom(run, "finalize")
+    assert result["reason"] == "invalid_plan" and "cycle" in result["message"]
