@@ -15,7 +15,7 @@ def migrate_db() -> None:
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
 
 
-def run_dag(dag: Any, conf: dict[str, Any] | None = None) -> Any:
+def run_dag(dag: Any, conf: dict[str, Any] | None = None, **test_kwargs: Any) -> Any:
     """Serialise ``dag`` to the database, run it with ``dag.test()``, and return the DagRun."""
     migrate_db()
     from airflow.dag_processing.bundles.manager import DagBundlesManager
@@ -25,7 +25,7 @@ def run_dag(dag: Any, conf: dict[str, Any] | None = None) -> Any:
     bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
     bag.bag_dag(dag)
     sync_bag_to_db(bag, "dags-folder", None)
-    return dag.test(run_conf=conf or {})
+    return dag.test(run_conf=conf or {}, **test_kwargs)
 
 
 def task_states(dag_run: Any) -> dict[str, str]:
@@ -51,3 +51,18 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value", map_index: int =
             .one_or_none()
         )
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def run_chain(dag: Any, conf: dict[str, Any] | None = None, max_runs: int = 6) -> list[Any]:
+    """Run a plan session in-process: each run with ``dag.test()``, and each replan run it prepares after it.
+
+    The ``replan`` task itself (which triggers and waits for the next run on a real scheduler) is
+    marked success instead of running; the end-to-end tests cover it.
+    """
+    runs = [run_dag(dag, conf, mark_success_pattern="^replan$")]
+    while len(runs) < max_runs:
+        replan_conf = xcom(runs[-1], "finalize", key="replan_conf")
+        if not replan_conf:
+            break
+        runs.append(run_dag(dag, replan_conf, mark_success_pattern="^replan$"))
+    return runs

@@ -1,4 +1,4 @@
-"""Graph questions about a plan: parents, layers, descendants. Cycles are reported as stdlib ``graphlib`` finds them."""
+"""Graph questions about a plan: parents, layers, descendants; cycles found with stdlib ``graphlib``."""
 
 from __future__ import annotations
 
@@ -50,8 +50,14 @@ def topological_layers(parents: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
 
 def find_cycle(parents: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A cycle (first node repeated at the end) or None.
+
+    Parents are visited in :func:`node_sort_key` order, so the cycle reported depends on the order of
+    the nodes in ``parents`` only, not on how each node's parents are stored (e.g. set order).
+    """
+    ordered = {node: sorted(node_parents, key=node_sort_key) for node, node_parents in parents.items()}
     try:
-        TopologicalSorter(parents).prepare()
+        TopologicalSorter(ordered).prepare()
     except CycleError as error:
         # each node in graphlib's list is a parent of the next: the cycle in edge direction
         return [str(node) for node in error.args[1]]

@@ -87,6 +87,8 @@ def statuses_of(records: Mapping[str, NodeRecord]) -> dict[str, NodeStatus]:
 def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: SessionState) -> Conclusion:
     """Decide the end of a run from its node records and the session's budgets."""
     failed = [n for n in plan.node_ids if n in records and records[n].status == "failed"]
+    contained = contained_failures(plan, records, failed)
+    failed = [n for n in failed if n not in contained]
     moot = [n for n in plan.node_ids if n in records and records[n].replan_requested]
     starved = [n for n in plan.node_ids if n in records and records[n].budget_exhausted]
     budgets, usage = state.budgets, state.usage
@@ -98,6 +100,10 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
             failed=failed,
         )
     if not failed and not moot:
+        if contained:
+            return Conclusion(kind="done", reason="goal_met",
+                              message=f"completed without the output of failed optional input(s) "
+                                      f"{', '.join(contained)}")
         return Conclusion(kind="done", reason="goal_met", message="every node succeeded")
     what = "; ".join(
         [f"node {n} failed: {records[n].error}" for n in failed]
@@ -120,6 +126,19 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
                           replan_requested=moot)
     return Conclusion(kind="replan", reason="node_failed" if failed else "replan_requested", message=what,
                       failed=failed, replan_requested=moot)
+
+
+def contained_failures(plan: ValidatedPlan, records: Mapping[str, NodeRecord], failed: list[str]) -> list[str]:
+    """Failed nodes whose children all succeeded without them (through optional edges): the plan went on,
+    so they need no replan. A failed leaf is never contained."""
+    children: dict[str, list[str]] = {n: [] for n in plan.node_ids}
+    for child, parents in plan.parents.items():
+        for parent in parents:
+            children[parent].append(child)
+    return [
+        n for n in failed
+        if children[n] and all(c in records and records[c].status == "success" for c in children[n])
+    ]
 
 
 def lock_successes(plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any],

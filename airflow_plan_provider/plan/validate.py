@@ -99,7 +99,15 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
 # Keywords whose verdict depends only on an object's keys or an array's length: a reference among the
 # values cannot change it, so such an error stands even when the instance holds a reference.
 _SHAPE_KEYWORDS = frozenset(
-    {"required", "additionalProperties", "minProperties", "maxProperties", "dependentRequired", "minItems", "maxItems"}
+    {
+        "required",
+        "additionalProperties",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "minItems",
+        "maxItems",
+    }
 )
 
 Check = Callable[[Any], bool]
@@ -139,10 +147,13 @@ def _fast_check(schema: Any) -> Check | None:
         return _always
     if keywords == {"anyOf"} and isinstance(schema["anyOf"], list):
         options = [_fast_check(option) for option in schema["anyOf"]]
-        if any(option is None for option in options):
+        alternatives = [option for option in options if option is not None]
+        if len(alternatives) < len(options):
             return None
-        return lambda v: any(option(v) for option in options)  # type: ignore[misc]
+        return lambda v: any(option(v) for option in alternatives)
     kind = schema.get("type")
+    if not isinstance(kind, str):
+        return None
     if kind in _TYPE_CHECKS and keywords == {"type"}:
         return _TYPE_CHECKS[kind]
     if kind == "array" and keywords <= {"type", "items"}:
@@ -156,19 +167,18 @@ def _fast_check(schema: Any) -> Check | None:
         extra = schema.get("additionalProperties", True)
         if not isinstance(properties, dict) or not isinstance(required, list):
             return None
+        if not all(isinstance(name, str) for name in required):
+            return None
         checks = {name: _fast_check(sub) for name, sub in properties.items()}
+        known = {name: check for name, check in checks.items() if check is not None}
         extra_check = _never if extra is False else _fast_check(extra)
-        if extra_check is None or any(check is None for check in checks.values()):
+        if extra_check is None or len(known) < len(checks):
             return None
 
         def check_object(value: Any) -> bool:
             if type(value) is not dict or any(name not in value for name in required):
                 return False
-            for name, item in value.items():
-                check = checks.get(name, extra_check)
-                if not check(item):  # type: ignore[misc]
-                    return False
-            return True
+            return all(known.get(name, extra_check)(item) for name, item in value.items())
 
         return check_object
     return None
@@ -180,7 +190,7 @@ def _may_hold_reference(params: dict[str, Any]) -> bool:
         if isinstance(value, str):
             if "${" in value:
                 return True
-        elif isinstance(value, dict | list):
+        elif isinstance(value, Mapping | list):
             return True
     return False
 
@@ -276,7 +286,9 @@ def validate_plan(
             )
         elif edge.source == edge.target:
             problems.append(
-                Problem("self_loop", f"node {edge.source!r} depends on itself", (edge.source,), f"edges[{index}]")
+                Problem(
+                    "self_loop", f"node {edge.source!r} depends on itself", (edge.source,), f"edges[{index}]"
+                )
             )
         else:
             parents[edge.target].add(edge.source)
@@ -295,7 +307,8 @@ def validate_plan(
                 problems.append(
                     Problem(
                         "unknown_tool",
-                        f"node {node.id!r} uses unknown tool {node.tool!r}; known tools: {', '.join(sorted(tools))}",
+                        f"node {node.id!r} uses unknown tool {node.tool!r}; "
+                        f"known tools: {', '.join(sorted(tools))}",
                         (node.id,),
                         path=f"nodes[{index}].tool",
                     )

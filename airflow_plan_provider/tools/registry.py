@@ -34,8 +34,8 @@ ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
 class ToolContext:
     """What a tool may know about the call: where it runs and how to stay idempotent.
 
-    ``idempotency_key`` is the same for every try of the same node in the same revision chain, so a tool
-    that performs a side effect can perform it once.
+    ``idempotency_key`` is the same for every try of one node in one revision of a session (and differs
+    for a revised node in a later revision), so a tool that performs a side effect can perform it once.
     """
 
     node_id: str
@@ -80,7 +80,7 @@ class Tool:
 
 def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
-    for name, param in inspect.signature(func).parameters.items():
+    for name, param in inspect.signature(func, eval_str=True).parameters.items():
         if name == "ctx" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         annotation = param.annotation if param.annotation is not inspect.Parameter.empty else Any

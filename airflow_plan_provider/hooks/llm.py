@@ -1,0 +1,147 @@
+"""The Airflow connection of the LLM planner: an OpenAI-compatible chat-completions endpoint.
+
+Connection fields (conn type ``plan_llm``, default conn id ``plan_llm_default``):
+
+* host: the base url, e.g. ``https://api.openai.com/v1``. A bare host name is completed with the
+  schema field as the scheme (default ``https``), the port, and ``/v1`` when it has no path.
+* password: the API key. Without one, ``OPENAI_API_KEY`` is used, else a placeholder (for local
+  servers that need no key).
+* extra: ``{"model": "gpt-4o-mini", "organization": "org-...", "project": "proj_..."}``.
+
+Why a conn type of our own rather than ``openai`` from apache-airflow-providers-openai: that provider
+is not a dependency, and adding it would install a package (with its own pins on ``openai``) only to
+borrow one connection type; registering ``openai`` ourselves would clash with that provider's
+registration whenever both are installed. The field layout is the same as that provider's (host is
+the base url, password the API key, ``extra.openai_client_kwargs`` is read for ``base_url``,
+``organization`` and ``project``), so ``conn_id`` may also name an existing ``openai`` connection;
+only the model has to be added to its extra (or given to the planner).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import openai
+from airflow.sdk import BaseHook
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.connection import Connection
+
+NO_KEY = "no-key"  # sent when neither the connection nor the environment holds a key
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """Where and how to reach the model. ``api_key`` is never part of the repr."""
+
+    base_url: str | None
+    api_key: str = field(repr=False)
+    model: str | None = None
+    organization: str | None = None
+    project: str | None = None
+
+    def client(self, *, timeout: float = 60.0, max_retries: int = 2) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            organization=self.organization,
+            project=self.project,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+
+
+def resolve_api_key(key: str | None) -> str:
+    return key or os.environ.get("OPENAI_API_KEY") or NO_KEY
+
+
+def base_url_from(host: str | None, scheme: str | None = None, port: int | None = None) -> str | None:
+    """The base url a connection's host (and schema, port) name; ``None`` for the client default."""
+    host = (host or "").strip()
+    if not host:
+        return None
+    if "://" in host:
+        return host.rstrip("/")
+    name, _, path = host.partition("/")
+    netloc = f"{name}:{port}" if port else name
+    return f"{scheme or 'https'}://{netloc}/{path.strip('/') or 'v1'}"
+
+
+def settings_from_connection(conn: Connection) -> LLMSettings:
+    extra: dict[str, Any] = dict(conn.extra_dejson or {})
+    client_kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
+    return LLMSettings(
+        base_url=base_url_from(conn.host or client_kwargs.get("base_url"), conn.schema, conn.port),
+        api_key=resolve_api_key(conn.password or client_kwargs.get("api_key")),
+        model=extra.get("model") or None,
+        organization=extra.get("organization") or client_kwargs.get("organization") or None,
+        project=extra.get("project") or client_kwargs.get("project") or None,
+    )
+
+
+class PlanLLMHook(BaseHook):
+    """Reads a ``plan_llm`` connection and hands out an ``openai.OpenAI`` client for it.
+
+    Nothing is looked up or sent until :meth:`get_conn`, :attr:`settings` or
+    :meth:`test_connection` is called.
+    """
+
+    conn_name_attr = "llm_conn_id"
+    default_conn_name = "plan_llm_default"
+    conn_type = "plan_llm"
+    hook_name = "Plan LLM (OpenAI-compatible)"
+
+    def __init__(
+        self, llm_conn_id: str = default_conn_name, *, timeout: float = 60.0, max_retries: int = 2
+    ) -> None:
+        super().__init__()
+        self.llm_conn_id = llm_conn_id
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self._client: openai.OpenAI | None = None
+
+    @cached_property
+    def settings(self) -> LLMSettings:
+        return settings_from_connection(self.get_connection(self.llm_conn_id))
+
+    def get_conn(self) -> openai.OpenAI:
+        """The client for this connection (created once per hook)."""
+        if self._client is None:
+            self._client = self.settings.client(timeout=self.timeout, max_retries=self.max_retries)
+        return self._client
+
+    def test_connection(self) -> tuple[bool, str]:
+        """List the endpoint's models (``GET /models`` spends no tokens) and look for the configured one."""
+        try:
+            settings = self.settings
+            client = self.get_conn().with_options(max_retries=0, timeout=min(self.timeout, 15.0))
+            models = [model.id for model in client.models.list()]
+        except Exception as error:
+            text = str(error)
+            key = self.settings.api_key if "settings" in self.__dict__ else ""
+            if key and key != NO_KEY:
+                text = text.replace(key, "***")
+            return False, f"{type(error).__name__}: {text}"
+        where = settings.base_url or "the default OpenAI endpoint"
+        if settings.model and models and settings.model not in models:
+            return False, f"{where} does not list model {settings.model!r} (it lists {len(models)} model(s))"
+        if not settings.model:
+            return True, f"reached {where}; no model set in the connection extra (the planner must name one)"
+        return True, f"reached {where}; model {settings.model!r} is available"
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["login"],
+            "relabeling": {"host": "Base URL", "schema": "Scheme", "password": "API key"},
+            "placeholders": {
+                "host": "https://api.openai.com/v1",
+                "schema": "https (only used when Base URL has no scheme)",
+                "port": "only used when Base URL has no scheme",
+                "password": "sk-...",
+                "extra": '{"model": "gpt-4o-mini", "organization": "org-..."}',
+            },
+        }

@@ -1,0 +1,737 @@
+"""Run a real Airflow 3.3 deployment as separate OS processes, for end-to-end tests.
+
+``AirflowCluster`` starts ``airflow scheduler``, ``airflow dag-processor``, ``airflow api-server`` and
+``airflow triggerer`` as independent processes (each in its own session / process group) against a
+throw-away ``AIRFLOW_HOME`` with a SQLite metadata database and the ``LocalExecutor``, and drives them
+through the public REST API (``/api/v2``).
+
+This module deliberately does not import Airflow: everything goes through subprocesses and HTTP, using
+only the standard library, so importing it is cheap and it cannot pollute the test process's Airflow
+configuration.
+
+Example::
+
+    with AirflowCluster(dags_folder) as cluster:
+        cluster.wait_for_dag("my_dag")
+        cluster.unpause("my_dag")
+        run_id = cluster.trigger("my_dag", {"x": 1})
+        assert cluster.wait_for_run("my_dag", run_id) == "success"
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COMPONENTS", "AirflowApiError", "AirflowCluster", "ClusterError"]
+
+#: Long-running components, in start order.
+COMPONENTS: tuple[str, ...] = ("api-server", "dag-processor", "scheduler", "triggerer")
+
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+
+# Keys of structured task-log records that are either rendered explicitly or repeat the TI identity.
+_LOG_CONTEXT_KEYS = frozenset(
+    {"timestamp", "level", "event", "logger", "filename", "lineno", "task_id", "dag_id", "run_id",
+     "try_number", "map_index", "ti_id"}
+)
+
+
+class ClusterError(RuntimeError):
+    """Raised when the cluster fails to start or a wait times out; the message has the log tails."""
+
+
+class AirflowApiError(RuntimeError):
+    """A non-2xx answer from the Airflow REST API."""
+
+    def __init__(self, method: str, url: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {url} -> HTTP {status}: {body[:2000]}")
+        self.method = method
+        self.url = url
+        self.status = status
+        self.body = body
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _airflow_command() -> list[str]:
+    """The ``airflow`` console script of the running interpreter's environment."""
+    candidate = Path(sys.executable).parent / "airflow"
+    if candidate.exists():
+        return [str(candidate)]
+    return [sys.executable, "-m", "airflow"]
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * lines))
+            data = fh.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"<unreadable: {exc}>"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------------------
+# Process-table helpers (Linux /proc; psutil if importable; degrade to process-group kill otherwise)
+# --------------------------------------------------------------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, int, int, str]] | None:
+    """``pid -> (ppid, pgid, sid, state)`` for every live process, or None if unavailable."""
+    table: dict[int, tuple[int, int, int, str]] = {}
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                raw = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # "pid (comm) state ppid pgrp session ..." -- comm may contain spaces/parens.
+            rest = raw[raw.rfind(")") + 2 :].split()
+            try:
+                table[int(entry.name)] = (int(rest[1]), int(rest[2]), int(rest[3]), rest[0])
+            except (IndexError, ValueError):
+                continue
+        return table
+    try:
+        import psutil
+    except ImportError:
+        return None
+    for p in psutil.process_iter():
+        try:
+            pid = p.pid
+            table[pid] = (p.ppid(), os.getpgid(pid), os.getsid(pid), "Z" if p.status() == "zombie" else "R")
+        except (psutil.Error, OSError):
+            continue
+    return table
+
+
+def _family(root_pids: Iterable[int]) -> set[int]:
+    """Live (non-zombie) processes belonging to the given component roots.
+
+    A process belongs to a root if it is a descendant of it, or if it is in the session the root leads
+    (components are started with ``start_new_session=True``); task processes call ``setpgid(0, 0)`` so
+    they escape the component's process group but not its session, and they stay in the session even
+    after being re-parented to init.
+    """
+    roots = set(root_pids)
+    table = _proc_table()
+    if table is None:
+        return {pid for pid in roots if pid_alive(pid)}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgid, _sid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = [pid for pid in roots if pid in table]
+    stack += [pid for pid, (_p, _g, sid, _s) in table.items() if sid in roots]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    found.discard(os.getpid())
+    return {pid for pid in found if table[pid][3] != "Z"}
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+        return state[state.rfind(")") + 2] != "Z"
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return True
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    pgids: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            pgids.add(os.getpgid(pid))
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+    own = os.getpgid(0)
+    for pgid in pgids - {own}:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, sig)
+
+
+def _terminate_group(pid: int) -> None:
+    """SIGTERM the process group led by ``pid`` (components are started as session/group leaders)."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class AirflowCluster:
+    """A real multi-process Airflow deployment on a temporary ``AIRFLOW_HOME``.
+
+    :param dags_folder: folder the dag-processor parses (``[core] dags_folder``).
+    :param home: ``AIRFLOW_HOME`` to use; a fresh temporary directory (removed on ``stop``) if omitted.
+    :param env: extra environment entries merged last (e.g. ``AIRFLOW_CONN_*``, ``PYTHONPATH``,
+        ``AIRFLOW__SECTION__KEY`` overrides).
+    :param parallelism: ``[core] parallelism`` (LocalExecutor worker count).
+    :param startup_timeout: seconds ``start()`` waits for the API server to answer.
+    :param keep_home: keep a temporary home after ``stop()`` (for debugging). An explicit ``home`` is
+        never removed.
+
+    Inherited ``AIRFLOW__*``/``AIRFLOW_HOME``/``AIRFLOW_CONFIG`` variables of the calling process are
+    dropped so the cluster is isolated from the developer's / CI's Airflow configuration.
+    """
+
+    def __init__(
+        self,
+        dags_folder: str | os.PathLike[str],
+        *,
+        home: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        parallelism: int = 8,
+        startup_timeout: float = 120.0,
+        keep_home: bool = False,
+    ) -> None:
+        self.dags_folder = Path(dags_folder).resolve()
+        self._own_home = home is None
+        self.home = Path(tempfile.mkdtemp(prefix="airflow-e2e-")) if home is None else Path(home).resolve()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_dir = self.home / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_home = keep_home
+        self.startup_timeout = startup_timeout
+        self.parallelism = parallelism
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._log_handles: dict[str, Any] = {}
+        self._started_pids: list[int] = []
+        self._token: str | None = None
+        self._airflow = _airflow_command()
+        self.env = self._build_env(env or {})
+
+    # ------------------------------------------------------------------ configuration
+
+    def _build_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not (k.startswith("AIRFLOW__") or k in {"AIRFLOW_HOME", "AIRFLOW_CONFIG"})
+        }
+        home = str(self.home)
+        cfg = {
+            "AIRFLOW_HOME": home,
+            "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
+            # --- core / db / executor
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            # Tasks (LocalExecutor workers -> task supervisor) talk to the API server's execution API.
+            # Default is http://localhost:8080/execution/ -- must point at *our* port.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            # --- API server; JWT secret & secret key must be identical in every process, otherwise each
+            # process generates its own random one and task tokens minted by the scheduler are rejected.
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.base_url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(64),
+            # >= 64 bytes, else PyJWT warns (InsecureKeyLengthWarning) for the default HS512.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
+            "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
+            # --- dag-processor: pick up new/changed files within a couple of seconds
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+            "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(self.home / "bundles"),
+            # --- scheduler / triggerer: short loops and heartbeats
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            # The task supervisor select()s for up to this long, so a finished task can hold its LocalExecutor
+            # slot (and delay shutdown) this long after exiting; default 5.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
+            # --- log servers on free ports (defaults 8793/8794 collide between clusters / with dev boxes)
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+            "AIRFLOW__LOGGING__COLORED_CONSOLE_LOG": "False",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.log_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+        base.update(cfg)
+        base.update({k: str(v) for k, v in extra.items()})
+        return base
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> AirflowCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> AirflowCluster:
+        """Migrate the DB, start all components and wait until the API server answers."""
+        self._migrate()
+        for component in COMPONENTS:
+            self._spawn(component)
+        self._wait_api_up(self.startup_timeout)
+        return self
+
+    def _migrate(self) -> None:
+        log = self.log_dir / "db-migrate.log"
+        with log.open("ab") as fh:
+            rc = subprocess.call(
+                [*self._airflow, "db", "migrate"],
+                env=self.env,
+                cwd=self.home,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=300,
+            )
+        if rc != 0:
+            raise ClusterError(f"`airflow db migrate` exited {rc}\n{_tail(log, 60)}")
+
+    def _command(self, component: str) -> list[str]:
+        if component == "api-server":
+            return [*self._airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)]
+        if component in COMPONENTS:
+            return [*self._airflow, component]
+        raise ValueError(f"unknown component {component!r}; expected one of {COMPONENTS}")
+
+    def _spawn(self, component: str) -> subprocess.Popen[bytes]:
+        cmd = self._command(component)
+        if component in self._procs and self._procs[component].poll() is None:
+            raise ClusterError(f"{component} is already running (pid {self._procs[component].pid})")
+        fh = (self.log_dir / f"{component}.log").open("ab")
+        fh.write(f"\n===== {time.strftime('%H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=self.home,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._procs[component] = proc
+        old = self._log_handles.pop(component, None)
+        if old is not None:
+            old.close()
+        self._log_handles[component] = fh
+        self._started_pids.append(proc.pid)
+        return proc
+
+    def _stop_component(
+        self, component: str, timeout: float, *, graceful: bool = True, signalled: bool = False
+    ) -> None:
+        """Stop one component and every process of its group/session.
+
+        Graceful: one SIGTERM to the component's process group, wait up to ``timeout`` for its main
+        process to exit, then SIGKILL whatever is left of its family -- LocalExecutor workers (they ignore
+        SIGTERM), task processes (own process group, but still in the component's session), etc.
+
+        The SIGTERM is sent once only: a second one makes e.g. the triggerer "force exit". It goes to the
+        whole group (like a terminal's Ctrl-C) rather than the main pid: the triggerer's trigger-runner
+        child otherwise takes ~10 s to honour the SIGINT its supervisor forwards.
+        """
+        proc = self._procs.get(component)
+        if proc is None:
+            return
+        family = _family([proc.pid]) | {proc.pid}
+        if graceful and proc.poll() is None:
+            if not signalled:
+                _terminate_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, timeout))
+        for _ in range(100):
+            family = {p for p in family | _family([proc.pid]) if pid_alive(p)}
+            if not family:
+                break
+            _signal_all(family, signal.SIGKILL)
+            proc.poll()
+            time.sleep(0.05)
+        else:  # pragma: no cover - would need an unkillable (D-state) process
+            raise ClusterError(f"could not kill {component} processes {sorted(family)}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        # Forget it: its pid may be reused by an unrelated process from now on.
+        self._procs.pop(component, None)
+        fh = self._log_handles.pop(component, None)
+        if fh is not None:
+            fh.close()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop every running process: SIGTERM to each component, SIGKILL of its whole group/session
+        once it has exited or after ``timeout`` seconds.
+
+        Idempotent. Removes a temporary home unless ``keep_home`` (or ``AIRFLOW_E2E_KEEP_HOME=1``).
+        """
+        # SIGTERM every component first so they shut down in parallel, then reap them one by one.
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                _terminate_group(proc.pid)
+        deadline = time.monotonic() + timeout
+        for component in list(self._procs):
+            self._stop_component(component, deadline - time.monotonic(), signalled=True)
+        if self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME"):
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def kill(self, component: str) -> None:
+        """SIGKILL ``component``'s whole process group/session (simulates a crash).
+
+        Task processes started by a killed scheduler die with it (they are in its session).
+        """
+        self._command(component)  # validates the name
+        if component not in self._procs:
+            raise ClusterError(f"{component!r} is not running")
+        self._stop_component(component, timeout=0, graceful=False)
+
+    def restart(self, component: str, *, timeout: float = 15.0) -> None:
+        """Stop ``component`` (if still running) and start it again with the same configuration."""
+        self._command(component)  # validates the name
+        self._stop_component(component, timeout)
+        self._spawn(component)
+        if component == "api-server":
+            self._token = None
+            self._wait_api_up(self.startup_timeout)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Root pid of each component as currently started."""
+        return {name: proc.pid for name, proc in self._procs.items()}
+
+    @property
+    def started_pids(self) -> list[int]:
+        """Every root pid this cluster ever started (including restarted components)."""
+        return list(self._started_pids)
+
+    def all_pids(self) -> set[int]:
+        """Every live process belonging to the cluster (component roots, workers, task processes)."""
+        return _family(p.pid for p in self._procs.values())
+
+    def is_running(self, component: str) -> bool:
+        proc = self._procs.get(component)
+        return proc is not None and proc.poll() is None
+
+    def log_path(self, component: str) -> Path:
+        return self.log_dir / f"{component}.log"
+
+    def diagnostics(self, lines: int = 40) -> str:
+        """Process states and the tail of each component's log."""
+        out = [f"AIRFLOW_HOME={self.home} api={self.base_url}"]
+        for component in ("db-migrate", *COMPONENTS):
+            proc = self._procs.get(component)
+            state = "" if proc is None else f" pid={proc.pid} returncode={proc.poll()}"
+            out.append(f"----- {component}{state} (last {lines} lines of {self.log_path(component)})")
+            out.append(_tail(self.log_path(component), lines))
+        return "\n".join(out)
+
+    def _fail(self, message: str) -> ClusterError:
+        return ClusterError(f"{message}\n{self.diagnostics()}")
+
+    def _check_alive(self) -> None:
+        dead = {c: p.returncode for c, p in self._procs.items() if p.poll() is not None}
+        if dead:
+            raise self._fail(f"component(s) exited unexpectedly: {dead}")
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _raw(
+        self, method: str, path: str, body: Any = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        url = self.base_url + path
+        data = None
+        hdrs = {"Accept": "application/json", **(headers or {})}
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs["Content-Type"] = "application/json"
+        if self._token:
+            hdrs.setdefault("Authorization", f"Bearer {self._token}")
+        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read(), resp.headers
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(), exc.headers
+
+    def _login(self) -> None:
+        # With simple_auth_manager_all_admins the API accepts anonymous calls (a middleware injects an
+        # admin token); these are fallbacks for a cluster configured otherwise through ``env``.
+        self._token = None
+        status, data, _ = self._raw("GET", "/auth/token")
+        if status in (200, 201):
+            self._token = json.loads(data)["access_token"]
+            return
+        pw_file = self.home / "simple_auth_manager_passwords.json.generated"
+        with contextlib.suppress(OSError, ValueError):
+            users = json.loads(pw_file.read_text())
+            username, password = next(iter(users.items()))
+            status, data, _ = self._raw("POST", "/auth/token", {"username": username, "password": password})
+            if status in (200, 201):
+                self._token = json.loads(data)["access_token"]
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        ok: Iterable[int] = (200, 201, 204),
+    ) -> Any:
+        """Call the API (``path`` relative to the server root, e.g. ``/api/v2/dags``); returns parsed JSON."""
+        if params:
+            query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
+            path = f"{path}?{urllib.parse.urlencode(query, doseq=True)}"
+        status, data, _ = self._raw(method, path, body)
+        if status in (401, 403) and self._token is None:
+            self._login()
+            if self._token is not None:
+                status, data, _ = self._raw(method, path, body)
+        if status not in set(ok):
+            raise AirflowApiError(method, self.base_url + path, status, data.decode("utf-8", "replace"))
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data.decode("utf-8", "replace")
+
+    def api(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        """``request`` with ``path`` relative to ``/api/v2``."""
+        return self.request(method, "/api/v2" + path, body, **kw)
+
+    @staticmethod
+    def _q(value: str) -> str:
+        return urllib.parse.quote(value, safe="")
+
+    def _wait_api_up(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                status, _data, _ = self._raw("GET", "/api/v2/monitor/health")
+                if status == 200:
+                    return
+                last = f"HTTP {status}"
+            except (OSError, urllib.error.URLError) as exc:
+                last = exc
+            time.sleep(0.25)
+        raise self._fail(f"API server did not answer /api/v2/monitor/health within {timeout}s (last: {last})")
+
+    def health(self) -> dict[str, Any]:
+        return self.api("GET", "/monitor/health")
+
+    def wait_healthy(
+        self, components: Iterable[str] = ("scheduler", "triggerer", "dag_processor"), timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """Wait until ``/monitor/health`` reports the given components (health-API names) healthy."""
+        comps = list(components)
+        deadline = time.monotonic() + timeout
+        health: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError, AirflowApiError):
+                health = self.health()
+                if all((health.get(c) or {}).get("status") == "healthy" for c in comps):
+                    return health
+            time.sleep(0.5)
+        raise self._fail(f"components {comps} not healthy within {timeout}s: {health}")
+
+    # ------------------------------------------------------------------ REST helpers
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        return self.api("GET", "/importErrors", params={"limit": 100}).get("import_errors", [])
+
+    def get_dag(self, dag_id: str) -> dict[str, Any]:
+        return self.api("GET", f"/dags/{self._q(dag_id)}")
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until the dag-processor has parsed and serialised ``dag_id``; returns the DAG resource."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                dag = self.get_dag(dag_id)
+                if not dag.get("is_stale", False):
+                    # The dag details endpoint needs the serialised DAG, which the scheduler needs too.
+                    self.api("GET", f"/dags/{self._q(dag_id)}/details")
+                    return dag
+            except AirflowApiError as exc:
+                if exc.status != 404:
+                    raise
+            except OSError:
+                pass
+            time.sleep(0.5)
+        try:
+            errors = json.dumps(self.import_errors(), indent=1)[:5000]
+        except Exception as exc:
+            errors = f"<could not fetch import errors: {exc}>"
+        raise self._fail(f"DAG {dag_id!r} not parsed within {timeout}s; import errors: {errors}")
+
+    def unpause(self, dag_id: str) -> dict[str, Any]:
+        return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": False})
+
+    def pause(self, dag_id: str) -> dict[str, Any]:
+        return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": True})
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, *, run_id: str | None = None) -> str:
+        """Create a manual DAG run; returns its run id."""
+        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
+        if run_id is not None:
+            body["dag_run_id"] = run_id
+        return self.api("POST", f"/dags/{self._q(dag_id)}/dagRuns", body)["dag_run_id"]
+
+    def get_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}")
+
+    def wait_for_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        timeout: float = 120.0,
+        *,
+        states: Iterable[str] = TERMINAL_RUN_STATES,
+        poll: float = 0.5,
+    ) -> str:
+        """Wait until the run reaches one of ``states`` (default success/failed); returns the state."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError):
+                state = self.get_run(dag_id, run_id)["state"]
+                if state in wanted:
+                    return state
+            time.sleep(poll)
+        try:
+            tis = [
+                (ti["task_id"], ti["map_index"], ti["state"], ti.get("try_number"))
+                for ti in self.task_instances(dag_id, run_id)
+            ]
+        except Exception as exc:
+            tis = [f"<could not fetch task instances: {exc}>"]  # type: ignore[list-item]
+        raise self._fail(
+            f"run {dag_id}/{run_id} not in {sorted(wanted)} within {timeout}s (state={state}); "
+            f"task instances: {tis}"
+        )
+
+    def list_runs(self, dag_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns", params={"limit": limit})["dag_runs"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """All task instances of a run, mapped ones included (map_index >= 0), paginated."""
+        out: list[dict[str, Any]] = []
+        limit = 100  # [api] maximum_page_limit default
+        while True:
+            page = self.api(
+                "GET",
+                f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}/taskInstances",
+                params={"limit": limit, "offset": len(out), "order_by": "id"},  # stable paging
+            )
+            batch = page["task_instances"]
+            out.extend(batch)
+            if not batch or len(out) >= page.get("total_entries", 0):
+                return sorted(out, key=lambda ti: (ti["task_id"], ti["map_index"]))
+
+    def xcom(
+        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1
+    ) -> Any:
+        """The XCom value as the task pushed it (JSON-decoded)."""
+        res = self.api(
+            "GET",
+            f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}/taskInstances/{self._q(task_id)}"
+            f"/xcomEntries/{self._q(key)}",
+            params={"map_index": map_index},
+        )
+        return res["value"]
+
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1
+    ) -> str:
+        """The full log text of one task try."""
+        res = self.api(
+            "GET",
+            f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}/taskInstances/{self._q(task_id)}"
+            f"/logs/{int(try_number)}",
+            params={"map_index": map_index, "full_content": True},
+        )
+        content = res.get("content", res) if isinstance(res, dict) else res
+        if isinstance(content, str):
+            return content
+        lines = []
+        for item in content or []:
+            if isinstance(item, dict):
+                extra = {k: v for k, v in item.items() if k not in _LOG_CONTEXT_KEYS}
+                parts = [str(item.get("timestamp", "")), f"[{item.get('level', '')}]"]
+                if item.get("logger"):
+                    parts.append(f"{item['logger']}:")
+                parts.append(str(item.get("event", "")))
+                if extra:
+                    parts.append(" ".join(f"{k}={v}" for k, v in extra.items()))
+                lines.append(" ".join(p for p in parts if p))
+            else:
+                lines.append(str(item))
+        return "\n".join(lines)

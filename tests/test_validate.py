@@ -1,0 +1,525 @@
+"""validate_plan: one test per problem code, the accepted plan shapes, and reference resolution."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from airflow_plan_provider.exceptions import PlanValidationError
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.problems import Problem
+from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
+from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.tools.registry import ToolRegistry
+
+
+class SummaryArgs(BaseModel):
+    service: str
+    hours: int = 24
+
+
+def make_registry() -> ToolRegistry:
+    registry = ToolRegistry()
+
+    @registry.tool(description="Latency percentiles of a service for one day")
+    def query_metrics(service: str, day: str) -> dict[str, Any]:
+        return {}
+
+    @registry.tool(args=SummaryArgs, description="Summary of a service over some hours")
+    def summarize(service: str, hours: int = 24) -> str:
+        return ""
+
+    return registry
+
+
+TOOLS = make_registry()
+
+
+def node(node_id: Any, tool: str = "t", **params: Any) -> dict[str, Any]:
+    return {"id": node_id, "action": f"step {node_id}", "tool": tool, "params": params}
+
+
+def edge(source: Any, target: Any, optional: bool = False) -> dict[str, Any]:
+    return {"from": source, "to": target, "optional": optional}
+
+
+def problems_of(plan: Any, tools: ToolRegistry | None = None, limits: Limits | None = None) -> list[Problem]:
+    with pytest.raises(PlanValidationError) as caught:
+        validate_plan(plan, tools, limits)
+    assert caught.value.problems, "PlanValidationError without problems"
+    return caught.value.problems
+
+
+def only(problems: list[Problem], code: str) -> list[Problem]:
+    return [p for p in problems if p.code == code]
+
+
+def assert_real_cycle(cycle: Sequence[str], edges: set[tuple[str, str]]) -> None:
+    assert len(cycle) >= 3, cycle  # at least two distinct nodes, first repeated at the end
+    assert cycle[0] == cycle[-1]
+    assert len(set(cycle[:-1])) == len(cycle) - 1, "a node repeats inside the cycle"
+    for source, target in itertools.pairwise(cycle):
+        assert (source, target) in edges, f"{source} -> {target} is not an edge"
+
+
+# --- schema -------------------------------------------------------------------------------------------
+
+
+def test_bad_json_text_is_a_schema_problem() -> None:
+    [problem] = problems_of('{"nodes": [')
+    assert problem.code == "schema"
+    assert problem.message.startswith("plan is not valid JSON")
+
+
+def test_bytes_that_are_not_text_are_a_schema_problem() -> None:
+    [problem] = problems_of(b'{"nodes": "\xff"}')
+    assert problem.code == "schema"
+    assert problem.message.startswith("plan is not valid JSON")
+
+
+def test_json_nested_too_deeply_is_a_schema_problem() -> None:
+    [problem] = problems_of("[" * 100_000)
+    assert (problem.code, problem.message) == ("schema", "plan is not valid JSON: nested too deeply")
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"), [("[1, 2]", "list"), ("42", "int"), ([], "list"), (None, "NoneType")]
+)
+def test_plan_that_is_not_an_object(raw: Any, kind: str) -> None:
+    [problem] = problems_of(raw)
+    assert problem.code == "schema"
+    assert problem.message == f"plan must be a JSON object, got {kind}"
+
+
+def test_node_missing_fields_reports_each_field_with_the_node_id() -> None:
+    problems = problems_of({"nodes": [{"id": "1"}]})
+    assert {(p.code, p.path) for p in problems} == {
+        ("schema", "nodes[0].action"),
+        ("schema", "nodes[0].tool"),
+    }
+    assert all(p.nodes == ("1",) for p in problems)
+    assert all(p.message == "Field required" for p in problems)
+
+
+def test_wrong_types_are_reported_at_their_path() -> None:
+    plan = {
+        "goal": 3,
+        "nodes": [
+            {"id": ["x"], "action": "a", "tool": "t"},
+            {"id": "2", "action": "b", "tool": "t", "params": "x"},
+        ],
+        "edges": [{"from": "1", "to": "2", "optional": "maybe"}],
+    }
+    paths = {p.path for p in problems_of(plan) if p.code == "schema"}
+    assert paths == {"goal", "nodes[0].id", "nodes[1].params", "edges[0].optional"}
+
+
+def test_nodes_and_edges_must_be_lists() -> None:
+    problems = problems_of({"nodes": {"id": "1"}, "edges": "1->2"})
+    assert {(p.code, p.path) for p in problems} == {("schema", "nodes"), ("schema", "edges")}
+
+
+def test_node_id_must_match_the_id_pattern() -> None:
+    [problem] = problems_of({"nodes": [node("has space")]})
+    assert (problem.code, problem.path) == ("schema", "nodes[0].id")
+
+
+def test_unknown_fields_are_rejected_everywhere() -> None:
+    plan = {
+        "nodes": [{**node("1"), "retries": 3}, node("2")],
+        "edges": [{**edge("1", "2"), "weight": 1}],
+        "x": 1,
+    }
+    problems = problems_of(plan)
+    assert {(p.code, p.path) for p in problems} == {
+        ("schema", "x"),
+        ("schema", "nodes[0].retries"),
+        ("schema", "edges[0].weight"),
+    }
+    assert only(problems, "schema")[0].message == "unknown top-level field 'x'"
+
+
+def test_top_level_keys_that_are_not_strings_are_a_schema_problem() -> None:
+    problems = problems_of({1: "one", "x": 2, "nodes": [node("1")]})
+    assert [(p.code, p.path) for p in problems] == [("schema", "1"), ("schema", "x")]
+
+
+def test_one_bad_node_does_not_hide_the_others() -> None:
+    plan = {"nodes": [node("1"), {"id": "2"}, node("3")], "edges": [edge("1", "9")]}
+    problems = problems_of(plan)
+    assert {p.code for p in problems} == {"schema", "dangling_edge"}
+
+
+# --- graph rules ----------------------------------------------------------------------------------------
+
+
+def test_empty_plan() -> None:
+    [problem] = problems_of({"nodes": []})
+    assert (problem.code, problem.path) == ("empty_plan", "nodes")
+
+
+def test_duplicate_id() -> None:
+    [problem] = problems_of({"nodes": [node("1"), node("2"), node("1")]})
+    assert problem.code == "duplicate_id"
+    assert problem.nodes == ("1",)
+    assert problem.message == "node id '1' is used 2 times"
+
+
+def test_dangling_edge_names_the_missing_end() -> None:
+    [problem] = problems_of({"nodes": [node("1")], "edges": [edge("1", "9")]})
+    assert problem.code == "dangling_edge"
+    assert problem.nodes == ("9",)
+    assert problem.path == "edges[0]"
+    assert problem.message == "edge 1 -> 9 names unknown node(s) 9"
+
+
+def test_dangling_dependency() -> None:
+    [problem] = problems_of({"nodes": [node("1"), {**node("2"), "dependencies": ["1", "7"]}]})
+    assert (problem.code, problem.nodes) == ("dangling_edge", ("7",))
+
+
+def test_self_loop() -> None:
+    [problem] = problems_of({"nodes": [node("1"), node("2")], "edges": [edge("1", "2"), edge("2", "2")]})
+    assert problem.code == "self_loop"
+    assert problem.nodes == ("2",)
+    assert problem.path == "edges[1]"
+
+
+def test_cycle_is_reported_in_edge_direction() -> None:
+    edges = [("1", "2"), ("2", "3"), ("3", "1"), ("3", "4"), ("5", "1")]
+    plan = {"nodes": [node(str(i)) for i in range(1, 6)], "edges": [edge(s, t) for s, t in edges]}
+    [problem] = problems_of(plan)
+    assert problem.code == "cycle"
+    assert_real_cycle(problem.nodes, set(edges))
+    assert set(problem.nodes) == {"1", "2", "3"}
+    assert problem.message == "plan has a cycle: " + " -> ".join(problem.nodes)
+
+
+def test_cycle_through_a_reference() -> None:
+    plan = {"nodes": [node("1", x="${2.value}"), node("2")], "edges": [edge("1", "2")]}
+    [problem] = problems_of(plan)
+    assert problem.code == "cycle"
+    assert_real_cycle(problem.nodes, {("1", "2"), ("2", "1")})
+
+
+# --- tools and params -----------------------------------------------------------------------------------
+
+
+def test_unknown_tool_lists_the_known_tools() -> None:
+    [problem] = problems_of({"nodes": [node("1", "query_logs")]}, TOOLS)
+    assert problem.code == "unknown_tool"
+    assert problem.nodes == ("1",)
+    assert problem.path == "nodes[0].tool"
+    assert problem.message == "node '1' uses unknown tool 'query_logs'; known tools: query_metrics, summarize"
+
+
+def test_tools_are_not_checked_without_a_registry() -> None:
+    assert validate_plan({"nodes": [node("1", "anything", whatever=1)]}).layers == [["1"]]
+
+
+def test_bad_params_wrong_type_from_a_signature() -> None:
+    [problem] = problems_of({"nodes": [node("1", "query_metrics", service="api", day=5)]}, TOOLS)
+    assert problem.code == "bad_params"
+    assert problem.nodes == ("1",)
+    assert problem.path == "params.day"
+    assert problem.message == "node '1' (query_metrics): 5 is not of type 'string'"
+
+
+def test_bad_params_missing_required_arg_from_a_signature() -> None:
+    [problem] = problems_of({"nodes": [node("1", "query_metrics", service="api")]}, TOOLS)
+    assert (problem.code, problem.path) == ("bad_params", "params")
+    assert problem.message == "node '1' (query_metrics): 'day' is a required property"
+
+
+def test_bad_params_from_a_pydantic_args_model() -> None:
+    plan = {
+        "nodes": [node("1", "summarize", hours="all"), node("2", "summarize", service="api", colour="red")]
+    }
+    problems = problems_of(plan, TOOLS)
+    assert {(p.code, p.nodes, p.path) for p in problems} == {
+        ("bad_params", ("1",), "params.hours"),
+        ("bad_params", ("1",), "params"),  # service is required
+        ("bad_params", ("2",), "params"),  # colour is not an argument
+    }
+    assert any("'service' is a required property" in p.message for p in problems)
+    assert any("'colour' was unexpected" in p.message for p in problems)
+
+
+def test_bad_params_nested_path() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def tag(labels: list[int]) -> None:
+        return None
+
+    [problem] = problems_of({"nodes": [node("1", "tag", labels=[1, "two"])]}, registry)
+    assert problem.path == "params.labels[1]"
+
+
+def test_valid_params_pass() -> None:
+    plan = {
+        "nodes": [
+            node("1", "query_metrics", service="api", day="2024-05-01"),
+            node("2", "summarize", service="x"),
+        ]
+    }
+    assert validate_plan(plan, TOOLS).layers == [["1", "2"]]
+
+
+def test_param_holding_a_reference_is_not_rejected_by_its_type() -> None:
+    plan = {
+        "nodes": [
+            node("1", "query_metrics", service="api", day="2024-05-01"),
+            node("2", "summarize", service="${1.service}", hours="${1.hours}"),
+            node("3", "summarize", service="api", hours="${1}"),
+        ]
+    }
+    validated = validate_plan(plan, TOOLS)
+    assert validated.layers == [["1"], ["2", "3"]]
+
+
+def test_missing_required_arg_is_reported_next_to_a_reference() -> None:
+    plan = {
+        "nodes": [
+            node("1", "query_metrics", service="api", day="d"),
+            node("2", "query_metrics", day="${1.day}"),
+        ]
+    }
+    [problem] = problems_of(plan, TOOLS)
+    assert (problem.code, problem.nodes, problem.path) == ("bad_params", ("2",), "params")
+    assert "'service' is a required property" in problem.message
+
+
+def test_unknown_param_holding_a_reference_is_reported() -> None:
+    plan = {"nodes": [node("1", "summarize", service="a"), node("2", "summarize", service="b", extra="${1}")]}
+    [problem] = problems_of(plan, TOOLS)
+    assert (problem.code, problem.nodes) == ("bad_params", ("2",))
+    assert "'extra' was unexpected" in problem.message
+
+
+# --- references -----------------------------------------------------------------------------------------
+
+
+def test_reference_to_an_unknown_node() -> None:
+    [problem] = problems_of({"nodes": [node("1"), node("2", x="p99 was ${9.p99}")]})
+    assert problem.code == "bad_reference"
+    assert problem.nodes == ("2", "9")
+    assert problem.path == "nodes[1].params.x"
+    assert problem.message == "node '2' refers to unknown node '9'"
+
+
+def test_reference_to_itself() -> None:
+    [problem] = problems_of({"nodes": [node("1"), node("2", x=["a", {"y": "${2}"}])]})
+    assert problem.code == "bad_reference"
+    assert problem.nodes == ("2",)
+    assert problem.path == "nodes[1].params.x[1].y"
+
+
+def test_escaped_reference_is_not_a_reference() -> None:
+    assert validate_plan({"nodes": [node("1", x="literal $${9}")]}).parents == {"1": []}
+
+
+def test_reference_implies_a_hard_edge() -> None:
+    plan = {"nodes": [node("1"), node("2", x="${1}"), node("3", x="${1.p99}", y="${2.rows.0}")]}
+    validated = validate_plan(plan)
+    assert validated.layers == [["1"], ["2"], ["3"]]
+    assert validated.parents == {"1": [], "2": ["1"], "3": ["1", "2"]}
+    assert validated.soft_edges == []
+
+
+# --- limits ---------------------------------------------------------------------------------------------
+
+
+def test_too_many_nodes() -> None:
+    [problem] = problems_of({"nodes": [node(str(i)) for i in range(3)]}, limits=Limits(max_nodes=2))
+    assert problem.code == "too_many_nodes"
+    assert problem.message == "plan has 3 nodes; the limit is 2"
+
+
+def test_too_deep_names_the_first_layer_over_the_limit() -> None:
+    chain = {
+        "nodes": [node(str(i)) for i in range(1, 6)],
+        "edges": [edge(str(i), str(i + 1)) for i in range(1, 5)],
+    }
+    [problem] = problems_of(chain, limits=Limits(max_depth=3))
+    assert problem.code == "too_deep"
+    assert problem.nodes == ("4",)
+    assert problem.message == "plan needs 5 layers; this DAG runs at most 3"
+    assert validate_plan(chain, limits=Limits(max_depth=5)).layers == [["1"], ["2"], ["3"], ["4"], ["5"]]
+
+
+# --- several problems -----------------------------------------------------------------------------------
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    plan = {
+        "nodes": [
+            node("1", "query_metrics", service="api", day=1),
+            node("1", "summarize", service="x"),
+            node("2", "no_such_tool", x="${8}"),
+            {"id": "3", "tool": "summarize"},
+        ],
+        "edges": [edge("1", "9"), edge("2", "2")],
+    }
+    problems = problems_of(plan, TOOLS)
+    assert {p.code for p in problems} == {
+        "schema",
+        "duplicate_id",
+        "dangling_edge",
+        "self_loop",
+        "unknown_tool",
+        "bad_params",
+        "bad_reference",
+    }
+    assert len(problems) == 7
+
+
+def test_error_message_lists_every_problem() -> None:
+    error = PlanValidationError([Problem("empty_plan", "plan has no nodes", path="nodes")])
+    assert str(error) == "plan is invalid (1 problem(s)):\n  - empty_plan: plan has no nodes at nodes"
+
+
+# --- accepted shapes ------------------------------------------------------------------------------------
+
+SEED_EDGES = [("1", "5"), ("2", "5"), ("3", "5"), ("4", "5"), ("5", "6")]
+
+
+def seed_plan() -> dict[str, Any]:
+    return {
+        "goal": "find why checkout latency went up",
+        "nodes": [node(str(i)) for i in range(1, 7)],
+        "edges": [edge(s, t) for s, t in SEED_EDGES],
+    }
+
+
+def test_seed_plan_layers() -> None:
+    validated = validate_plan(seed_plan())
+    assert isinstance(validated, ValidatedPlan)
+    assert validated.layers == [["1", "2", "3", "4"], ["5"], ["6"]]
+    assert validated.parents["5"] == ["1", "2", "3", "4"]
+    assert validated.parents["6"] == ["5"]
+
+
+def test_dependencies_form_equals_edges_form() -> None:
+    with_dependencies = {
+        "goal": "find why checkout latency went up",
+        "nodes": [
+            *(node(str(i)) for i in range(1, 5)),
+            {**node("5"), "dependencies": ["1", "2", "3", "4"]},
+            {**node("6"), "dependencies": ["5"]},
+        ],
+    }
+    a, b = validate_plan(with_dependencies), validate_plan(seed_plan())
+    assert a.layers == b.layers
+    assert a.parents == b.parents
+    assert {(e.source, e.target, e.optional) for e in a.edges} == {
+        (e.source, e.target, e.optional) for e in b.edges
+    }
+    assert all(n.dependencies is None for n in a.nodes)
+
+
+def test_planner_shape_keeps_optional_edges() -> None:
+    planner_json = json.dumps(
+        {
+            "nodes": [
+                {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
+                {"id": "5", "action": "summarize", "tool": "summarize", "params": {}},
+            ],
+            "edges": [{"from": "1", "to": "5", "optional": True}],
+        }
+    )
+    validated = validate_plan(planner_json)
+    assert validated.layers == [["1"], ["5"]]
+    assert validated.soft_edges == [("1", "5")]
+    assert validated.is_optional("1", "5")
+    assert validated.edges[0].optional is True
+    assert validated.to_json_dict()["edges"] == [{"from": "1", "to": "5", "optional": True}]
+
+
+def test_hard_edge_wins_over_an_optional_one() -> None:
+    plan = {"nodes": [node("1"), node("2")], "edges": [edge("1", "2", optional=True), edge("1", "2")]}
+    assert validate_plan(plan).soft_edges == []
+
+
+def test_integer_ids_are_accepted_as_strings() -> None:
+    plan = {"nodes": [node(1), node(2), {**node(3), "dependencies": [2]}], "edges": [edge(1, 2)]}
+    validated = validate_plan(plan)
+    assert validated.node_ids == ["1", "2", "3"]
+    assert validated.layers == [["1"], ["2"], ["3"]]
+
+
+def test_numeric_ids_sort_numerically_in_a_layer() -> None:
+    validated = validate_plan({"nodes": [node("10"), node("b"), node("2"), node("a"), node("1")]})
+    assert validated.layers == [["1", "2", "10", "a", "b"]]
+
+
+def test_equal_numeric_ids_order_does_not_depend_on_the_input_order() -> None:
+    assert validate_plan({"nodes": [node("1"), node("01")]}).layers == [["01", "1"]]
+    assert validate_plan({"nodes": [node("01"), node("1")]}).layers == [["01", "1"]]
+
+
+def test_plan_text_and_bytes_are_parsed() -> None:
+    text = json.dumps(seed_plan())
+    assert (
+        validate_plan(text).layers
+        == validate_plan(text.encode()).layers
+        == [["1", "2", "3", "4"], ["5"], ["6"]]
+    )
+
+
+# --- resolve --------------------------------------------------------------------------------------------
+
+OUTPUTS: dict[str, Any] = {
+    "1": {"p99": 412.5, "service": "checkout", "rows": [{"name": "a"}, {"name": "b"}]},
+    "2": "plain text",
+}
+
+
+def test_whole_value_reference_keeps_the_type() -> None:
+    assert resolve("${1.p99}", OUTPUTS) == 412.5
+    assert resolve("${1.rows}", OUTPUTS) == [{"name": "a"}, {"name": "b"}]
+    assert resolve("${1}", OUTPUTS) is OUTPUTS["1"]
+
+
+def test_reference_inside_text_is_replaced_by_its_text() -> None:
+    assert resolve("p99 of ${1.service} is ${1.p99} ms", OUTPUTS) == "p99 of checkout is 412.5 ms"
+    assert resolve("rows: ${1.rows.0}", OUTPUTS) == 'rows: {"name": "a"}'
+    assert resolve("said: ${2}", OUTPUTS) == "said: plain text"
+
+
+def test_list_index_path() -> None:
+    assert resolve("${1.rows.1.name}", OUTPUTS) == "b"
+    assert resolve("${1.rows.-1.name}", OUTPUTS) == "b"
+
+
+def test_resolve_walks_nested_params() -> None:
+    params = {"service": "${1.service}", "filters": [{"p": "${1.p99}"}, 3], "n": None}
+    assert resolve(params, OUTPUTS) == {"service": "checkout", "filters": [{"p": 412.5}, 3], "n": None}
+
+
+@pytest.mark.parametrize("reference", ["${1.latency}", "${1.rows.5.name}", "${1.rows.x}", "${2.text}"])
+def test_missing_field_names_node_and_field(reference: str) -> None:
+    with pytest.raises(UnresolvedReference) as caught:
+        resolve({"q": reference}, OUTPUTS)
+    node_id, field = reference[2:-1].split(".", 1)
+    assert f"node {node_id!r}" in str(caught.value)
+    assert repr(field) in str(caught.value)
+    assert str(caught.value).startswith("params.q:")
+
+
+def test_absent_output_is_a_missing_input() -> None:
+    value = resolve("${7.rows}", OUTPUTS)
+    assert isinstance(value, MissingInput)
+    assert value.node_id == "7"
+    assert resolve("${7}", {"7": MissingInput("7")}).node_id == "7"
+    assert resolve("rows: ${7.rows}", OUTPUTS) == "rows: <missing output of node 7>"
+
+
+def test_double_dollar_escapes_a_reference() -> None:
+    assert resolve("$${1}", OUTPUTS) == "${1}"
+    assert resolve("cost $${1.p99} is ${1.p99}", OUTPUTS) == "cost ${1.p99} is 412.5"
