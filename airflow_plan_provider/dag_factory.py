@@ -18,7 +18,13 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule
 
-from airflow_plan_provider.operators._xcom import FINALIZE_TASK, PLAN_TASK, REPLAN_TASK, layer_task_id, select_task_id
+from airflow_plan_provider.operators._xcom import (
+    FINALIZE_TASK,
+    PLAN_TASK,
+    REPLAN_TASK,
+    layer_task_id,
+    select_task_id,
+)
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import NODE_LABEL, LayerSelectOperator, PlanNodeOperator
 from airflow_plan_provider.operators.planning import PlanOperator
@@ -28,7 +34,7 @@ from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
 from airflow_plan_provider.tools.registry import ToolRegistry
 
-MAP_INDEX_TEMPLATE = "{{ %s | default(task.plan_node) }}" % NODE_LABEL
+MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
 
 
 def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Param]:
@@ -36,8 +42,12 @@ def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Par
     budgets = budgets or Budgets()
     return {
         "goal": Param(goal, type="string", title="Goal", description="What the plan should achieve."),
-        "plan": Param(None, type=["null", "object"], title="Ready plan",
-                      description="A plan (nodes and edges) to run as is; the planner is skipped."),
+        "plan": Param(
+            None,
+            type=["null", "object"],
+            title="Ready plan",
+            description="A plan (nodes and edges) to run as is; the planner is skipped.",
+        ),
         "max_replans": Param(budgets.max_replans, type="integer", minimum=0, title="Max replans"),
         "max_steps": Param(budgets.max_steps, type="integer", minimum=1, title="Max node executions"),
     }
@@ -74,8 +84,10 @@ def build_plan_dag(
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
-    all_params: dict[str, Any] = {**plan_params(goal, Budgets(max_steps=max_steps, max_replans=max_replans)),
-                                  **(params or {})}
+    all_params: dict[str, Any] = {
+        **plan_params(goal, Budgets(max_steps=max_steps, max_replans=max_replans)),
+        **(params or {}),
+    }
     node_kwargs: dict[str, Any] = {
         "tools": tools,
         "retries": node_retries,
@@ -90,7 +102,10 @@ def build_plan_dag(
         node_kwargs["pool"] = pool
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         plan = PlanOperator(
-            task_id=PLAN_TASK, planner=planner, tools=tools, repair_attempts=repair_attempts,
+            task_id=PLAN_TASK,
+            planner=planner,
+            tools=tools,
+            repair_attempts=repair_attempts,
             limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
         )
         previous: Any = plan
@@ -109,7 +124,8 @@ def build_plan_dag(
             previous >> layer
             previous = layer
         finalize = FinalizePlanOperator(
-            task_id=FINALIZE_TASK, trigger_rule=TriggerRule.ALL_DONE,
+            task_id=FINALIZE_TASK,
+            trigger_rule=TriggerRule.ALL_DONE,
             replan_task_id=REPLAN_TASK if replan else None,
         )
         [plan, previous] >> finalize

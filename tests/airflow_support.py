@@ -47,7 +47,9 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value", map_index: int =
     with create_session() as session:
         row = (
             session.query(XComModel)
-            .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index)
+            .filter_by(
+                dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index
+            )
             .one_or_none()
         )
         return None if row is None else XComModel.deserialize_value(row)

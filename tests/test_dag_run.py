@@ -18,7 +18,12 @@ def seed_plan(optional_4_to_5: bool = False) -> dict:
         {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
         {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
         {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
-        {"id": "5", "action": "correlate latency", "tool": "analyze", "params": {"latency": "${1}", "logs": "${4}"}},
+        {
+            "id": "5",
+            "action": "correlate latency",
+            "tool": "analyze",
+            "params": {"latency": "${1}", "logs": "${4}"},
+        },
         {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
     ]
     edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": optional_4_to_5}]
@@ -32,7 +37,9 @@ def seed_tools(log: CallLog, **overrides: dict) -> list[ScriptedTool]:
         "query_service_health": {"returns": {"fraud-check": "degraded"}},
         "query_deploys": {"returns": []},
         "query_error_logs": {"returns": {"timeouts": 412}},
-        "analyze": {"returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}},
+        "analyze": {
+            "returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}
+        },
         "report": {"returns": lambda params: {"report": params["finding"]}},
     }
     for name, change in overrides.items():
@@ -66,8 +73,9 @@ def test_seed_plan_completes(tmp_path):
 
 def test_permanent_failure_skips_dependents_only(tmp_path):
     log = CallLog(tmp_path)
-    dag = build("seed_fail", log, plan_=seed_plan(),
-                overrides={"query_deploys": {"permanent": "deploy API says 403"}})
+    dag = build(
+        "seed_fail", log, plan_=seed_plan(), overrides={"query_deploys": {"permanent": "deploy API says 403"}}
+    )
     run = run_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
@@ -83,8 +91,12 @@ def test_permanent_failure_skips_dependents_only(tmp_path):
 
 def test_optional_parent_failure_names_missing_input(tmp_path):
     log = CallLog(tmp_path)
-    dag = build("seed_soft", log, plan_=seed_plan(optional_4_to_5=True),
-                overrides={"query_error_logs": {"permanent": "log service down"}})
+    dag = build(
+        "seed_soft",
+        log,
+        plan_=seed_plan(optional_4_to_5=True),
+        overrides={"query_error_logs": {"permanent": "log service down"}},
+    )
     run = run_dag(dag)
     states = task_states(run)
     assert states["layer_0[3]"] == "failed"

@@ -10,6 +10,7 @@ from typing import Any
 import networkx as nx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from airflow_plan_provider.exceptions import PlanValidationError
 from airflow_plan_provider.plan.graph import node_sort_key
@@ -108,6 +109,84 @@ def test_arbitrary_text_never_crashes(raw: str | bytes) -> None:
 @given(plan_like, st.booleans())
 def test_plan_shaped_junk_never_crashes(raw: dict[str, Any], with_tools: bool) -> None:
     check_outcome(raw, REGISTRY if with_tools else None)
+
+
+# --- params -----------------------------------------------------------------------------------------------
+
+
+class Window(BaseModel):
+    start: str
+    hours: int = 24
+
+
+ARG_TOOLS = ToolRegistry()
+
+
+@ARG_TOOLS.tool
+def typed(
+    name: str,
+    count: int = 1,
+    ratio: float = 0.5,
+    flag: bool = False,
+    tags: list[str] | None = None,
+    maybe: int | None = None,
+    extra: dict[str, Any] | None = None,
+    anything: Any = None,
+) -> None:
+    return None
+
+
+@ARG_TOOLS.tool(args=Window)
+def windowed(start: str, hours: int = 24) -> None:
+    return None
+
+
+@ARG_TOOLS.tool(
+    args={"type": "object", "properties": {"level": {"type": ["string", "null"], "maxLength": 3}}}
+)
+def raw_schema(level: str | None = None) -> None:
+    return None
+
+
+plain_text = st.text(alphabet=st.characters(blacklist_characters="$"), max_size=6)
+plain_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | plain_text,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(plain_text, children, max_size=3),
+    max_leaves=8,
+)
+arg_names = st.sampled_from(
+    [
+        "name",
+        "count",
+        "ratio",
+        "flag",
+        "tags",
+        "maybe",
+        "extra",
+        "anything",
+        "start",
+        "hours",
+        "level",
+        "other",
+    ]
+)
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(ARG_TOOLS)), st.dictionaries(arg_names, plain_json, max_size=5))
+def test_params_are_rejected_exactly_when_jsonschema_rejects_them(
+    tool_name: str, params: dict[str, Any]
+) -> None:
+    plan = {"nodes": [{"id": "1", "action": "call", "tool": tool_name, "params": params}]}
+    expected = sorted(error.message for error in ARG_TOOLS[tool_name].validator.iter_errors(params))
+    try:
+        validate_plan(plan, ARG_TOOLS)
+    except PlanValidationError as error:
+        assert {p.code for p in error.problems} == {"bad_params"}
+        reported = sorted(p.message.split(": ", 1)[1] for p in error.problems)
+    else:
+        reported = []
+    assert reported == expected
 
 
 # --- DAGs -------------------------------------------------------------------------------------------------

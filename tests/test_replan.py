@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -28,7 +29,7 @@ def final_result(runs):
 
 def linear(*steps: tuple[str, str], goal: str = "linear goal") -> dict:
     nodes = [{"id": i, "action": f"step {i}", "tool": tool, "params": {}} for i, tool in steps]
-    edges = [{"from": a[0], "to": b[0]} for a, b in zip(steps, steps[1:], strict=False)]
+    edges = [{"from": a[0], "to": b[0]} for a, b in pairwise(steps)]
     return {"goal": goal, "nodes": nodes, "edges": edges}
 
 
@@ -37,8 +38,12 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
     revised = {
         "nodes": [
-            {"id": "5", "action": "correlate latency with dependency health", "tool": "analyze",
-             "params": {"latency": "${1}", "health": "${2}"}},
+            {
+                "id": "5",
+                "action": "correlate latency with dependency health",
+                "tool": "analyze",
+                "params": {"latency": "${1}", "health": "${2}"},
+            },
             seed_plan()["nodes"][5],
         ],
         "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
@@ -47,7 +52,7 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     runs = run_chain(build("seed_replan", planner, tools), {"goal": "find why the payment API got slow"})
 
     assert len(runs) == 2
-    first, second = (task_states(r) for r in runs)
+    first = task_states(runs[0])
     assert first["layer_1[0]"] == first["layer_2[0]"] == "skipped"  # moot after node 3's result
     assert str(runs[1].state) == "success"
     # every tool ran exactly once across the chain: 1-4 reused, not re-executed
@@ -75,11 +80,19 @@ def test_linear_success_needs_no_replan(tmp_path):
 
 def test_mid_plan_failure_replans_once_and_completes(tmp_path):
     log = CallLog(tmp_path)
-    tools = [ScriptedTool("a", log=log, returns=1), ScriptedTool("b", log=log, permanent="403 forbidden"),
-             ScriptedTool("b2", log=log, returns=2), ScriptedTool("c", log=log, returns=3)]
-    around = {"nodes": [{"id": "2b", "action": "step 2 another way", "tool": "b2", "params": {}},
-                        {"id": "3", "action": "step 3", "tool": "c", "params": {"x": "${2b}"}}],
-              "edges": [{"from": "1", "to": "2b"}]}
+    tools = [
+        ScriptedTool("a", log=log, returns=1),
+        ScriptedTool("b", log=log, permanent="403 forbidden"),
+        ScriptedTool("b2", log=log, returns=2),
+        ScriptedTool("c", log=log, returns=3),
+    ]
+    around = {
+        "nodes": [
+            {"id": "2b", "action": "step 2 another way", "tool": "b2", "params": {}},
+            {"id": "3", "action": "step 3", "tool": "c", "params": {"x": "${2b}"}},
+        ],
+        "edges": [{"from": "1", "to": "2b"}],
+    }
     planner = ScriptedPlanner(linear(("1", "a"), ("2", "b"), ("3", "c")), on_error=[("403", around)])
     runs = run_chain(build("linear_replan", planner, tools), {"goal": "g"})
     assert len(runs) == 2 and str(runs[-1].state) == "success"
@@ -91,8 +104,12 @@ def test_mid_plan_failure_replans_once_and_completes(tmp_path):
 
 def test_two_replans_then_complete(tmp_path):
     log = CallLog(tmp_path)
-    tools = [ScriptedTool("a", log=log, returns=1), ScriptedTool("b", log=log, permanent="broken b"),
-             ScriptedTool("b2", log=log, permanent="broken b2"), ScriptedTool("b3", log=log, returns=3)]
+    tools = [
+        ScriptedTool("a", log=log, returns=1),
+        ScriptedTool("b", log=log, permanent="broken b"),
+        ScriptedTool("b2", log=log, permanent="broken b2"),
+        ScriptedTool("b3", log=log, returns=3),
+    ]
     planner = ScriptedPlanner(
         linear(("1", "a"), ("2", "b")),
         on_error=[("broken b2", linear(("3", "b3"))), ("broken b", linear(("2x", "b2")))],
@@ -108,8 +125,10 @@ def test_two_replans_then_complete(tmp_path):
 def test_replans_exhausted(tmp_path):
     log = CallLog(tmp_path)
     tools = [ScriptedTool("a", log=log, returns=1), ScriptedTool("b", log=log, permanent="still broken")]
-    planner = ScriptedPlanner(linear(("1", "a"), ("2", "b")),
-                              on_error=[("still broken", lambda req: linear((f"r{req.revision}", "b")))])
+    planner = ScriptedPlanner(
+        linear(("1", "a"), ("2", "b")),
+        on_error=[("still broken", lambda req: linear((f"r{req.revision}", "b")))],
+    )
     runs = run_chain(build("replans_out", planner, tools, max_replans=2), {"goal": "g"})
     assert len(runs) == 3
     result = final_result(runs)
@@ -131,10 +150,14 @@ def test_step_budget_exhausted(tmp_path):
 
 def test_step_budget_holds_across_replans(tmp_path):
     log = CallLog(tmp_path)
-    tools = [ScriptedTool("a", log=log, returns=1), ScriptedTool("b", log=log, permanent="broken"),
-             ScriptedTool("c", log=log, returns=3)]
-    planner = ScriptedPlanner(linear(("1", "a"), ("2", "b")),
-                              on_error=[("broken", linear(("3", "c"), ("4", "c")))])
+    tools = [
+        ScriptedTool("a", log=log, returns=1),
+        ScriptedTool("b", log=log, permanent="broken"),
+        ScriptedTool("c", log=log, returns=3),
+    ]
+    planner = ScriptedPlanner(
+        linear(("1", "a"), ("2", "b")), on_error=[("broken", linear(("3", "c"), ("4", "c")))]
+    )
     runs = run_chain(build("steps_chain", planner, tools), {"goal": "g", "max_steps": 3})
     result = final_result(runs)
     assert (result["status"], result["reason"]) == ("failed", "step_budget")
@@ -142,8 +165,9 @@ def test_step_budget_holds_across_replans(tmp_path):
 
 
 def test_no_plan(tmp_path):
-    runs = run_chain(build("no_plan", ScriptedPlanner(None), [ScriptedTool("a", log=CallLog(tmp_path))]),
-                     {"goal": "g"})
+    runs = run_chain(
+        build("no_plan", ScriptedPlanner(None), [ScriptedTool("a", log=CallLog(tmp_path))]), {"goal": "g"}
+    )
     result = final_result(runs)
     assert (result["status"], result["reason"]) == ("failed", "no_plan")
     assert task_states(runs[0])["plan"] == "failed"
@@ -151,15 +175,25 @@ def test_no_plan(tmp_path):
 
 def test_replan_that_changes_a_locked_node_is_rejected_and_asked_again(tmp_path):
     log = CallLog(tmp_path)
-    tools = [ScriptedTool("a", log=log, returns=1), ScriptedTool("b", log=log, permanent="broken"),
-             ScriptedTool("c", log=log, returns=3)]
+    tools = [
+        ScriptedTool("a", log=log, returns=1),
+        ScriptedTool("b", log=log, permanent="broken"),
+        ScriptedTool("c", log=log, returns=3),
+    ]
 
     def replacement(request):
         if not request.problems:  # first answer rewrites locked node 1
-            return {"nodes": [{"id": "1", "action": "step 1", "tool": "c", "params": {}},
-                              {"id": "9", "action": "fix", "tool": "c", "params": {}}]}
+            return {
+                "nodes": [
+                    {"id": "1", "action": "step 1", "tool": "c", "params": {}},
+                    {"id": "9", "action": "fix", "tool": "c", "params": {}},
+                ]
+            }
         assert request.problems[0].code == "locked_changed"
-        return {"nodes": [{"id": "9", "action": "fix", "tool": "c", "params": {}}], "edges": [{"from": "1", "to": "9"}]}
+        return {
+            "nodes": [{"id": "9", "action": "fix", "tool": "c", "params": {}}],
+            "edges": [{"from": "1", "to": "9"}],
+        }
 
     planner = ScriptedPlanner(linear(("1", "a"), ("2", "b")), on_error=[("broken", replacement)])
     runs = run_chain(build("locked_guard", planner, tools), {"goal": "g"})

@@ -261,6 +261,20 @@ def test_bad_params_nested_path() -> None:
     assert problem.path == "params.labels[1]"
 
 
+def test_json_schema_with_a_list_of_types() -> None:
+    registry = ToolRegistry()
+    schema = {"type": "object", "properties": {"level": {"type": ["string", "null"]}}, "required": ["level"]}
+
+    @registry.tool(args=schema)
+    def set_level(level: str | None) -> None:
+        return None
+
+    assert validate_plan({"nodes": [node("1", "set_level", level=None)]}, registry).layers == [["1"]]
+    [problem] = problems_of({"nodes": [node("1", "set_level", level=3)]}, registry)
+    assert (problem.code, problem.path) == ("bad_params", "params.level")
+    assert problem.message == "node '1' (set_level): 3 is not of type 'string', 'null'"
+
+
 def test_valid_params_pass() -> None:
     plan = {
         "nodes": [

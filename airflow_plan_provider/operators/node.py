@@ -49,8 +49,14 @@ class PlanNodeOperator(BaseOperator):
         state = pull_session(ti)
         node = plan.node(self.plan_node)
         context[NODE_LABEL] = f"{node.id} · {node.action}"
-        base = {"node_id": node.id, "revision": state.revision, "action": node.action, "tool": node.tool,
-                "attempts": ti.try_number, "started_at": now()}
+        base = {
+            "node_id": node.id,
+            "revision": state.revision,
+            "action": node.action,
+            "tool": node.tool,
+            "attempts": ti.try_number,
+            "started_at": now(),
+        }
 
         def push(status: str, **fields: Any) -> None:
             ti.xcom_push(key=NODE_KEY, value={**base, "status": status, "ended_at": now(), **fields})
@@ -71,8 +77,10 @@ class PlanNodeOperator(BaseOperator):
 
         position = state.execution_order.index(node.id)
         if not step_allowed(state.budgets, state.usage.steps, position):
-            reason = (f"step budget spent: node {node.id} would be step {state.usage.steps + position + 1} "
-                      f"of {state.budgets.max_steps}")
+            reason = (
+                f"step budget spent: node {node.id} would be step {state.usage.steps + position + 1} "
+                f"of {state.budgets.max_steps}"
+            )
             push("skipped", budget_exhausted=True, error=reason)
             raise AirflowSkipException(reason)
 
@@ -93,14 +101,20 @@ class PlanNodeOperator(BaseOperator):
         tool = tools.get(node.tool)
         if tool is None:
             raise fail(f"unknown tool {node.tool!r}")
-        bad = [f"{'.'.join(map(str, e.absolute_path)) or 'params'}: {e.message}"
-               for e in tool.validator.iter_errors(params)]
+        bad = [
+            f"{'.'.join(map(str, e.absolute_path)) or 'params'}: {e.message}"
+            for e in tool.validator.iter_errors(params)
+        ]
         if bad:
-            raise fail(f"params for tool {tool.name!r} are invalid after resolving references: {'; '.join(bad)}")
+            raise fail(
+                f"params for tool {tool.name!r} are invalid after resolving references: {'; '.join(bad)}"
+            )
 
         ctx = ToolContext(
             node_id=node.id,
-            idempotency_key=idempotency_key(ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision),
+            idempotency_key=idempotency_key(
+                ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision
+            ),
             attempt=ti.try_number,
             missing_inputs=tuple(missing),
             run_id=ti.run_id,
@@ -112,13 +126,21 @@ class PlanNodeOperator(BaseOperator):
         except ReplanRequested as request:
             output = _checked_output(request.output, fail)
             self.log.warning("node %s requests a replan: %s", node.id, request.reason)
-            push("success", replan_requested=True, error=request.reason, output=output,
-                 output_summary=summarize(output), missing_inputs=missing)
+            push(
+                "success",
+                replan_requested=True,
+                error=request.reason,
+                output=output,
+                output_summary=summarize(output),
+                missing_inputs=missing,
+            )
             return
         except PermanentToolError as error:
             raise fail(error.reason) from error
         except Exception as error:
-            reason = error.reason if isinstance(error, TransientToolError) else f"{type(error).__name__}: {error}"
+            reason = (
+                error.reason if isinstance(error, TransientToolError) else f"{type(error).__name__}: {error}"
+            )
             if ti.try_number > self.retries:
                 push("failed", error=reason, missing_inputs=missing)
             raise

@@ -60,16 +60,25 @@ class PlanOperator(BaseOperator):
         except PlanningError as error:
             for problem in error.problems:
                 self.log.error("plan problem: %s", problem)
-            state.event("plan.failed", reason=error.reason, message=str(error).splitlines()[0],
-                        problems=[p.to_dict() for p in error.problems])
+            state.event(
+                "plan.failed",
+                reason=error.reason,
+                message=str(error).splitlines()[0],
+                problems=[p.to_dict() for p in error.problems],
+            )
             ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
             ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": str(error)})
             raise AirflowFailException(str(error)) from error
 
         state.current_plan = plan.as_plan().to_json_dict()
         state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
-        self.log.info("plan revision %s: %s nodes in %s layers %s", state.revision, len(plan.nodes),
-                      len(plan.layers), plan.layers)
+        self.log.info(
+            "plan revision %s: %s nodes in %s layers %s",
+            state.revision,
+            len(plan.nodes),
+            len(plan.layers),
+            plan.layers,
+        )
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
         return plan.layers[0]
@@ -80,7 +89,8 @@ class PlanOperator(BaseOperator):
         else:
             budgets = Budgets(
                 max_steps=int(params.get("max_steps") or Budgets().max_steps),
-                max_replans=int(params["max_replans"]) if params.get("max_replans") is not None
+                max_replans=int(params["max_replans"])
+                if params.get("max_replans") is not None
                 else Budgets().max_replans,
             )
             state = SessionState(goal=str(params.get("goal") or ""), root_run_id=run_id, budgets=budgets)
@@ -95,43 +105,77 @@ class PlanOperator(BaseOperator):
                 raise PlanningError("no planner configured and no plan given in the run's conf")
             request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(params))
             outcome = plan_with_repairs(
-                planner, request, lambda raw: validate_plan(raw, tools, limits),
+                planner,
+                request,
+                lambda raw: validate_plan(raw, tools, limits),
                 repair_attempts=self.repair_attempts,
             )
-            state.event("plan.created", nodes=len(outcome.plan.nodes), layers=outcome.plan.layers,
-                        attempts=outcome.attempts, rejected=outcome.rejected)
+            state.event(
+                "plan.created",
+                nodes=len(outcome.plan.nodes),
+                layers=outcome.plan.layers,
+                attempts=outcome.attempts,
+                rejected=outcome.rejected,
+            )
         else:
             if self.planner is None:
                 raise PlanningError("replanning needs a planner; none is configured", reason="no_plan")
             current = validate_plan(state.current_plan)
             outcome = plan_with_repairs(
-                self.planner, self._replan_request(state, current, params, tools),
+                self.planner,
+                self._replan_request(state, current, params, tools),
                 lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
                 repair_attempts=self.repair_attempts,
             )
             diff = plan_diff(current, outcome.plan)
-            state.revisions.append(Revision(
-                revision=state.revision, run_id=state.run_ids[-1], reason=state.last_error or "",
-                trigger_node=(state.failed + state.replan_requested or [None])[0], diff=diff,
-            ))
-            state.event("plan.diff", **diff.model_dump(), attempts=outcome.attempts, rejected=outcome.rejected)
+            state.revisions.append(
+                Revision(
+                    revision=state.revision,
+                    run_id=state.run_ids[-1],
+                    reason=state.last_error or "",
+                    trigger_node=_trigger_node(state),
+                    diff=diff,
+                )
+            )
+            state.event(
+                "plan.diff", **diff.model_dump(), attempts=outcome.attempts, rejected=outcome.rejected
+            )
         for usage in outcome.usage:
             state.usage.add_tokens(usage)
-            state.event("planner.usage", **usage)
+            state.event(
+                "planner.usage",
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+            )
         return outcome.plan
 
-    def _replan_request(self, state: SessionState, current: ValidatedPlan, params: Mapping[str, Any],
-                        tools: ToolRegistry) -> PlanRequest:
+    def _replan_request(
+        self, state: SessionState, current: ValidatedPlan, params: Mapping[str, Any], tools: ToolRegistry
+    ) -> PlanRequest:
         last = {r.node_id: r for r in state.history if r.revision == state.revision - 1}
         affected = affected_subgraph(current, statuses_of(last), state.failed, state.replan_requested)
-        locked = tuple(LockedNode(id=n, action=lo.action, tool=lo.tool, summary=lo.summary)
-                       for n, lo in state.locked.items())
-        return PlanRequest(
-            goal=state.goal, tools=tools, limits=self.limits, conf=dict(params),
-            current_plan=Plan.model_validate(state.current_plan), locked=locked,
-            failed_node=(state.failed + state.replan_requested or [None])[0], last_error=state.last_error,
-            affected=tuple(sorted(affected)), revision=state.revision,
+        locked = tuple(
+            LockedNode(id=n, action=lo.action, tool=lo.tool, summary=lo.summary)
+            for n, lo in state.locked.items()
         )
+        return PlanRequest(
+            goal=state.goal,
+            tools=tools,
+            limits=self.limits,
+            conf=dict(params),
+            current_plan=Plan.model_validate(state.current_plan),
+            locked=locked,
+            failed_node=_trigger_node(state),
+            last_error=state.last_error,
+            affected=tuple(sorted(affected)),
+            revision=state.revision,
+        )
+
+
+def _trigger_node(state: SessionState) -> str | None:
+    """The node whose failure (or replan request) started this revision."""
+    nodes = state.failed + state.replan_requested
+    return nodes[0] if nodes else None
 
 
 __all__ = ["PlanOperator", "PlanValidationError"]

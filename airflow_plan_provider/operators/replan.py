@@ -53,8 +53,9 @@ class ReplanOperator(TriggerDagRunOperator):
         child = event[1]["run_ids"][0]
         result = None
         for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a child that replanned reports through its replan task
-            result = ti.xcom_pull(task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY,
-                                  map_indexes=-1)
+            result = ti.xcom_pull(
+                task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY, map_indexes=-1
+            )
             if result and (task_id == FINALIZE_TASK or result.get("run_ids")):
                 break
         if not result:
@@ -62,5 +63,7 @@ class ReplanOperator(TriggerDagRunOperator):
         self.log.info("session ended %s (%s) after run %s", result["status"], result["reason"], child)
         if result["status"] != "completed":
             ti.xcom_push(key=RESULT_KEY, value=result)
-            raise AirflowFailException(f"plan session failed ({result['reason']}): {result.get('message', '')}")
+            raise AirflowFailException(
+                f"plan session failed ({result['reason']}): {result.get('message', '')}"
+            )
         return dict(result)

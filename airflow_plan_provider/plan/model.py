@@ -22,12 +22,14 @@ class Node(BaseModel):
 
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
-    id: str = Field(pattern=NODE_ID_PATTERN, description="Unique id of the step, e.g. '1' or 'fetch_metrics'.")
+    id: str = Field(
+        pattern=NODE_ID_PATTERN, description="Unique id of the step, e.g. '1' or 'fetch_metrics'."
+    )
     action: str = Field(description="What the step does, in a few words.")
     tool: str = Field(description="Name of a tool from the catalog.")
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Arguments for the tool. A value '${ID}' or '${ID.field}' uses an upstream step's output.",
+        description="Tool arguments; a value '${ID}' or '${ID.field}' uses an upstream step's output.",
     )
     expected_outcome: str | None = Field(default=None, description="What a successful result looks like.")
     dependencies: list[str] | None = Field(
@@ -36,7 +38,7 @@ class Node(BaseModel):
 
 
 class Edge(BaseModel):
-    """``from`` must finish before ``to`` starts. An optional edge does not block ``to`` when ``from`` fails."""
+    """``from`` must finish before ``to`` starts; an optional edge does not block ``to`` if ``from`` fails."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 

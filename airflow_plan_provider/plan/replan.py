@@ -37,7 +37,11 @@ def plan_diff(before: Plan, after: Plan) -> PlanDiff:
         removed=sorted(old.keys() - new.keys(), key=node_sort_key),
         added=sorted(new.keys() - old.keys(), key=node_sort_key),
         revised=sorted(
-            (i for i in old.keys() & new.keys() if not _same_call(old[i], new[i]) or old[i].action != new[i].action),
+            (
+                i
+                for i in old.keys() & new.keys()
+                if not _same_call(old[i], new[i]) or old[i].action != new[i].action
+            ),
             key=node_sort_key,
         ),
     )

@@ -102,5 +102,7 @@ class SessionResult(BaseModel):
         for record in last.values():
             flag = " (reused)" if record.reused else ""
             detail = record.error or record.output_summary or ""
-            lines.append(f"  node {record.node_id} [{record.tool}] {record.status}{flag}: {summarize(detail, 120)}")
+            lines.append(
+                f"  node {record.node_id} [{record.tool}] {record.status}{flag}: {summarize(detail, 120)}"
+            )
         return "\n".join(lines)

@@ -53,8 +53,13 @@ class SessionState(BaseModel):
         self.events.append(event)
         return event
 
-    def result(self, status: Literal["completed", "failed"], reason: Reason, message: str = "",
-               outputs: Mapping[str, Any] | None = None) -> SessionResult:
+    def result(
+        self,
+        status: Literal["completed", "failed"],
+        reason: Reason,
+        message: str = "",
+        outputs: Mapping[str, Any] | None = None,
+    ) -> SessionResult:
         return SessionResult(
             status=status,
             reason=reason,
@@ -101,17 +106,24 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
         )
     if not failed and not moot:
         if contained:
-            return Conclusion(kind="done", reason="goal_met",
-                              message=f"completed without the output of failed optional input(s) "
-                                      f"{', '.join(contained)}")
+            return Conclusion(
+                kind="done",
+                reason="goal_met",
+                message=f"completed without the output of failed optional input(s) {', '.join(contained)}",
+            )
         return Conclusion(kind="done", reason="goal_met", message="every node succeeded")
     what = "; ".join(
         [f"node {n} failed: {records[n].error}" for n in failed]
         + [f"node {n} requested a replan: {records[n].error}" for n in moot]
     )
     if budgets.max_replans == 0:
-        return Conclusion(kind="give_up", reason="node_failed" if failed else "replan_budget", message=what,
-                          failed=failed, replan_requested=moot)
+        return Conclusion(
+            kind="give_up",
+            reason="node_failed" if failed else "replan_budget",
+            message=what,
+            failed=failed,
+            replan_requested=moot,
+        )
     if usage.replans >= budgets.max_replans:
         return Conclusion(
             kind="give_up",
@@ -121,14 +133,25 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
             replan_requested=moot,
         )
     if usage.steps >= budgets.max_steps:
-        return Conclusion(kind="give_up", reason="step_budget",
-                          message=f"step budget of {budgets.max_steps} spent; {what}", failed=failed,
-                          replan_requested=moot)
-    return Conclusion(kind="replan", reason="node_failed" if failed else "replan_requested", message=what,
-                      failed=failed, replan_requested=moot)
+        return Conclusion(
+            kind="give_up",
+            reason="step_budget",
+            message=f"step budget of {budgets.max_steps} spent; {what}",
+            failed=failed,
+            replan_requested=moot,
+        )
+    return Conclusion(
+        kind="replan",
+        reason="node_failed" if failed else "replan_requested",
+        message=what,
+        failed=failed,
+        replan_requested=moot,
+    )
 
 
-def contained_failures(plan: ValidatedPlan, records: Mapping[str, NodeRecord], failed: list[str]) -> list[str]:
+def contained_failures(
+    plan: ValidatedPlan, records: Mapping[str, NodeRecord], failed: list[str]
+) -> list[str]:
     """Failed nodes whose children all succeeded without them (through optional edges): the plan went on,
     so they need no replan. A failed leaf is never contained."""
     children: dict[str, list[str]] = {n: [] for n in plan.node_ids}
@@ -136,18 +159,23 @@ def contained_failures(plan: ValidatedPlan, records: Mapping[str, NodeRecord], f
         for parent in parents:
             children[parent].append(child)
     return [
-        n for n in failed
+        n
+        for n in failed
         if children[n] and all(c in records and records[c].status == "success" for c in children[n])
     ]
 
 
-def lock_successes(plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any],
-                   state: SessionState) -> None:
+def lock_successes(
+    plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any], state: SessionState
+) -> None:
     """Add this run's succeeded nodes to the locked set, with their outputs."""
     for node in plan.nodes:
         record = records.get(node.id)
         if record is not None and record.status == "success" and node.id not in state.locked:
             state.locked[node.id] = LockedOutput(
-                action=node.action, tool=node.tool, params=node.params, output=outputs.get(node.id),
+                action=node.action,
+                tool=node.tool,
+                params=node.params,
+                output=outputs.get(node.id),
                 summary=record.output_summary or summarize(outputs.get(node.id)),
             )

@@ -48,8 +48,20 @@ TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 # Keys of structured task-log records that are either rendered explicitly or repeat the TI identity.
 _LOG_CONTEXT_KEYS = frozenset(
-    {"timestamp", "level", "event", "logger", "filename", "lineno", "task_id", "dag_id", "run_id",
-     "try_number", "map_index", "ti_id"}
+    {
+        "timestamp",
+        "level",
+        "event",
+        "logger",
+        "filename",
+        "lineno",
+        "task_id",
+        "dag_id",
+        "run_id",
+        "try_number",
+        "map_index",
+        "ti_id",
+    }
 )
 
 
@@ -275,8 +287,10 @@ class AirflowCluster:
             # Tasks (LocalExecutor workers -> task supervisor) talk to the API server's execution API.
             # Default is http://localhost:8080/execution/ -- must point at *our* port.
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            # --- API server; JWT secret & secret key must be identical in every process, otherwise each
-            # process generates its own random one and task tokens minted by the scheduler are rejected.
+            # --- API server. The JWT secret (scheduler mints task tokens, API server checks them) and the
+            # secret key must be identical in every process. Without a value Airflow generates a random
+            # one per process and only shares it through the airflow.cfg the first process writes; pin
+            # them here so all components agree regardless of start order or a reused ``home``.
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.base_url,
@@ -296,7 +310,6 @@ class AirflowCluster:
             "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "1",
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
-            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
             # The task supervisor select()s for up to this long, so a finished task can hold its LocalExecutor
             # slot (and delay shutdown) this long after exiting; default 5.
@@ -498,7 +511,7 @@ class AirflowCluster:
 
     def _raw(
         self, method: str, path: str, body: Any = None, headers: Mapping[str, str] | None = None
-    ) -> tuple[int, bytes, Mapping[str, str]]:
+    ) -> tuple[int, bytes]:
         url = self.base_url + path
         data = None
         hdrs = {"Accept": "application/json", **(headers or {})}
@@ -510,15 +523,15 @@ class AirflowCluster:
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, resp.read(), resp.headers
+                return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read(), exc.headers
+            return exc.code, exc.read()
 
     def _login(self) -> None:
         # With simple_auth_manager_all_admins the API accepts anonymous calls (a middleware injects an
         # admin token); these are fallbacks for a cluster configured otherwise through ``env``.
         self._token = None
-        status, data, _ = self._raw("GET", "/auth/token")
+        status, data = self._raw("GET", "/auth/token")
         if status in (200, 201):
             self._token = json.loads(data)["access_token"]
             return
@@ -526,7 +539,7 @@ class AirflowCluster:
         with contextlib.suppress(OSError, ValueError):
             users = json.loads(pw_file.read_text())
             username, password = next(iter(users.items()))
-            status, data, _ = self._raw("POST", "/auth/token", {"username": username, "password": password})
+            status, data = self._raw("POST", "/auth/token", {"username": username, "password": password})
             if status in (200, 201):
                 self._token = json.loads(data)["access_token"]
 
@@ -543,11 +556,11 @@ class AirflowCluster:
         if params:
             query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
             path = f"{path}?{urllib.parse.urlencode(query, doseq=True)}"
-        status, data, _ = self._raw(method, path, body)
+        status, data = self._raw(method, path, body)
         if status in (401, 403) and self._token is None:
             self._login()
             if self._token is not None:
-                status, data, _ = self._raw(method, path, body)
+                status, data = self._raw(method, path, body)
         if status not in set(ok):
             raise AirflowApiError(method, self.base_url + path, status, data.decode("utf-8", "replace"))
         if not data:
@@ -571,7 +584,7 @@ class AirflowCluster:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                status, _data, _ = self._raw("GET", "/api/v2/monitor/health")
+                status, _data = self._raw("GET", "/api/v2/monitor/health")
                 if status == 200:
                     return
                 last = f"HTTP {status}"
@@ -636,7 +649,9 @@ class AirflowCluster:
     def pause(self, dag_id: str) -> dict[str, Any]:
         return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": True})
 
-    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, *, run_id: str | None = None) -> str:
+    def trigger(
+        self, dag_id: str, conf: Mapping[str, Any] | None = None, *, run_id: str | None = None
+    ) -> str:
         """Create a manual DAG run; returns its run id."""
         body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
         if run_id is not None:

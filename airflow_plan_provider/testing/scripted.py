@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
-from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.plan.model import Plan
+from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 
@@ -58,8 +58,11 @@ class CallLog:
 
     def calls(self, tool: str | None = None, node: str | None = None) -> list[dict[str, Any]]:
         return [
-            e for e in self._read(self.path)
-            if e["event"] == "start" and (tool is None or e["tool"] == tool) and (node is None or e["node"] == node)
+            e
+            for e in self._read(self.path)
+            if e["event"] == "start"
+            and (tool is None or e["tool"] == tool)
+            and (node is None or e["node"] == node)
         ]
 
     def count(self, tool: str | None = None, node: str | None = None) -> int:
@@ -67,9 +70,7 @@ class CallLog:
 
     def max_concurrency(self) -> int:
         """The most calls that were running at the same moment, from the logged start/end times."""
-        points = sorted(
-            (e["t"], 1 if e["event"] == "start" else -1) for e in self._read(self.path)
-        )
+        points = sorted((e["t"], 1 if e["event"] == "start" else -1) for e in self._read(self.path))
         running = peak = 0
         for _, delta in points:
             running += delta

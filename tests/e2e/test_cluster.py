@@ -87,7 +87,11 @@ def test_run_mapped_tasks_and_xcom(cluster: AirflowCluster) -> None:
     assert [ti["map_index"] for ti in mapped] == [0, 1, 2]
     assert {ti["state"] for ti in mapped} == {"success"}
 
-    assert cluster.xcom(DAG_ID, run_id, "produce") == {"answer": 42, "items": [1, 2, 3], "conf": {"who": "e2e"}}
+    assert cluster.xcom(DAG_ID, run_id, "produce") == {
+        "answer": 42,
+        "items": [1, 2, 3],
+        "conf": {"who": "e2e"},
+    }
     assert [cluster.xcom(DAG_ID, run_id, "square", map_index=i) for i in range(3)] == [1, 4, 9]
 
     log = cluster.task_log(DAG_ID, run_id, "square", try_number=1, map_index=2)

@@ -1,0 +1,31 @@
+"""Reading a plan session's outcome from a running Airflow through the REST API (see ``cluster``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
+
+
+def session_result(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, Any] | None:
+    """The SessionResult a run reports: from its ``replan`` task when it replanned, else ``finalize``."""
+    for task_id in ("replan", "finalize"):
+        try:
+            value = cluster.xcom(dag_id, run_id, task_id)
+        except AirflowApiError as error:
+            if error.status == 404:
+                continue
+            raise
+        if isinstance(value, dict) and "status" in value and (task_id == "finalize" or value.get("run_ids")):
+            return value
+    return None
+
+
+def node_states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
+    """Plan node id → Airflow task state, for the layer tasks of one run (read from each node's label)."""
+    states: dict[str, str] = {}
+    for ti in cluster.task_instances(dag_id, run_id):
+        if ti["task_id"].startswith("layer_") and ti["map_index"] >= 0:
+            label = ti.get("rendered_map_index") or ""
+            states[label.split(" · ")[0]] = ti["state"]
+    return states

@@ -1,0 +1,42 @@
+"""Plan-and-execute example: "find why the payment API got slow yesterday and write a report".
+
+Trigger ``plan_and_execute`` from the UI (the form asks for a goal, an optional ready plan and the
+budgets). The offline template planner writes a 6-node plan over the shipped demo dataset: four
+independent queries, a correlation, a report. Yesterday had no deploy, so the deploy query asks for a
+replan, and the next revision correlates latency with dependency health instead; the four finished
+queries are reused, not run again.
+
+``plan_and_execute_llm`` is the same DAG with an LLM planner behind the ``plan_llm_default``
+connection (any OpenAI-compatible endpoint).
+"""
+
+from __future__ import annotations
+
+from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider.example.tools import registry
+from airflow_plan_provider.planners.llm import LLMPlanner
+from airflow_plan_provider.planners.rules import payment_latency_planner
+
+GOAL = "find why the payment API got slow yesterday and write a report"
+
+plan_and_execute = build_plan_dag(
+    "plan_and_execute",
+    planner=payment_latency_planner(),
+    tools=registry,
+    goal=GOAL,
+    max_layers=4,
+    max_active_nodes=5,
+    tags=["example", "plan"],
+    doc_md=__doc__,
+)
+
+plan_and_execute_llm = build_plan_dag(
+    "plan_and_execute_llm",
+    planner=LLMPlanner(conn_id="plan_llm_default"),
+    tools=registry,
+    goal=GOAL,
+    max_layers=4,
+    max_active_nodes=5,
+    tags=["example", "plan", "llm"],
+    doc_md=__doc__,
+)

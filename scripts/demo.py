@@ -1,0 +1,64 @@
+"""Run the example plan DAG end to end on a local Airflow (SQLite, LocalExecutor, offline planner).
+
+Starts the scheduler, dag-processor, api-server and triggerer as separate processes on a temporary
+AIRFLOW_HOME, triggers ``plan_and_execute`` through the REST API, waits for the whole session (including
+its replan run) and prints the SessionResult and the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from airflow_plan_provider.plan.result import SessionResult
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.sessions import node_states, session_result
+
+ROOT = Path(__file__).resolve().parents[1]
+DAG_ID = "plan_and_execute"
+
+
+def main() -> int:
+    out = Path(os.environ.get("PLAN_DEMO_OUTPUT", ROOT / "output"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"PLAN_REPORT_DIR": str(out / "reports"), "PLAN_DEMO_DB": str(out / "demo.sqlite")}
+    started = time.monotonic()
+    print(
+        f"starting Airflow (scheduler, dag-processor, api-server, triggerer) with dags from {ROOT / 'dags'}"
+    )
+    with AirflowCluster(ROOT / "dags", home=tempfile.mkdtemp(prefix="plan-demo-"), env=env) as cluster:
+        cluster.wait_for_dag(DAG_ID, timeout=120)
+        cluster.unpause(DAG_ID)
+        goal = "find why the payment API got slow yesterday and write a report"
+        run_id = cluster.trigger(DAG_ID, {"goal": goal})
+        print(f"triggered {DAG_ID} run {run_id}: {goal!r}")
+        state = cluster.wait_for_run(DAG_ID, run_id, timeout=600)
+        runs = sorted(cluster.list_runs(DAG_ID), key=lambda r: r["dag_run_id"])
+        for run in runs:
+            nodes = node_states(cluster, DAG_ID, run["dag_run_id"])
+            print(f"  run {run['dag_run_id']}: {run['state']}  nodes {dict(sorted(nodes.items()))}")
+        raw = session_result(cluster, DAG_ID, run_id)
+        if raw is None:
+            print(f"run {run_id} ended {state} without a SessionResult", file=sys.stderr)
+            print(cluster.diagnostics(), file=sys.stderr)
+            return 1
+        result = SessionResult.model_validate(raw)
+        print()
+        print(result.summary_text())
+        report = (
+            (result.outputs.get("6") or {}).get("path") if isinstance(result.outputs.get("6"), dict) else None
+        )
+        print()
+        print(f"DAG run {run_id}: {state} in {time.monotonic() - started:.0f} s (Airflow start-up included)")
+        if report:
+            print(f"report: {report}")
+            print("-" * 72)
+            print(Path(report).read_text())
+        return 0 if result.status == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
