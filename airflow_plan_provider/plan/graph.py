@@ -1,4 +1,4 @@
-"""Graph questions about a plan: parents, layers, descendants; cycles found with stdlib ``graphlib``."""
+"""Graph questions about a plan: parents, layers, descendants. Ordering and cycles use stdlib ``graphlib``."""
 
 from __future__ import annotations
 
@@ -14,38 +14,19 @@ def node_sort_key(node_id: str) -> tuple[int, int, str]:
 def topological_layers(parents: Mapping[str, Iterable[str]]) -> list[list[str]]:
     """Topological generations: each layer holds the nodes whose parents are all in earlier layers.
 
-    Raises :class:`graphlib.CycleError` (``args[1]`` is the cycle, first node repeated at the end).
+    Raises :class:`graphlib.CycleError` whose ``args[1]`` is a cycle in edge direction (first node
+    repeated at the end); the same plan always reports the same cycle.
     """
-    # Kahn's algorithm, one generation at a time; a parent missing from the keys is a node without parents.
-    waiting: dict[str, int] = {}
-    children: dict[str, list[str]] = {}
-    for node, node_parents in parents.items():
-        count = 0
-        for parent in node_parents:
-            if parent in children:
-                children[parent].append(node)
-            else:
-                children[parent] = [node]
-            count += 1
-        waiting[node] = count
-    for parent in children:
-        waiting.setdefault(parent, 0)
-    layer = [node for node, count in waiting.items() if count == 0]
+    sorter = TopologicalSorter(parents)
+    try:
+        sorter.prepare()
+    except CycleError:
+        raise CycleError("nodes are in a cycle", find_cycle(parents)) from None
     layers: list[list[str]] = []
-    placed = 0
-    while layer:
-        layer.sort(key=node_sort_key)
+    while sorter.is_active():
+        layer = sorted(sorter.get_ready(), key=node_sort_key)
         layers.append(layer)
-        placed += len(layer)
-        ready: list[str] = []
-        for node in layer:
-            for child in children.get(node, ()):
-                waiting[child] -= 1
-                if not waiting[child]:
-                    ready.append(child)
-        layer = ready
-    if placed < len(waiting):
-        raise CycleError("nodes are in a cycle", find_cycle(parents))
+        sorter.done(*layer)
     return layers
 
 

@@ -1,0 +1,161 @@
+"""Scripted plan DAGs for the end-to-end tests (parsed by a real dag-processor, run by real workers).
+
+Every DAG gets its own :class:`CallLog` folder, ``$PLAN_E2E_CALL_LOG/<dag_id>``, so a test can count the
+tool calls of one scenario across every process (and every run of a replan chain) and measure how many
+ran at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
+POOL = "plan_e2e_pool"
+NAP_SECONDS = 2.0
+INDEPENDENT_NODES = 8
+GOAL = "find why the payment API got slow yesterday"
+
+
+def call_log(dag_id: str) -> CallLog:
+    root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
+    return CallLog(Path(root) / dag_id)
+
+
+def seed_plan() -> dict[str, Any]:
+    """Four independent queries, a correlation of three of them (4 optional), a report."""
+    nodes = [
+        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
+        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
+        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
+        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
+        {
+            "id": "5",
+            "action": "correlate latency",
+            "tool": "analyze",
+            "params": {"latency": "${1}", "logs": "${4}"},
+        },
+        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
+    ]
+    edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": False}]
+    edges.append({"from": "5", "to": "6"})
+    return {"goal": GOAL, "nodes": nodes, "edges": edges}
+
+
+def seed_revision() -> dict[str, Any]:
+    """The replacement after node 3 found no deploys: node 5 correlates with dependency health."""
+    return {
+        "nodes": [
+            {
+                "id": "5",
+                "action": "correlate latency with dependency health",
+                "tool": "analyze",
+                "params": {"latency": "${1}", "health": "${2}"},
+            },
+            seed_plan()["nodes"][5],
+        ],
+        "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
+    }
+
+
+def independent_plan(count: int = INDEPENDENT_NODES) -> dict[str, Any]:
+    nodes = [{"id": f"n{i}", "action": f"nap {i}", "tool": "nap", "params": {}} for i in range(count)]
+    return {"goal": "nap in parallel", "nodes": nodes, "edges": []}
+
+
+def seed_tools(log: CallLog, **overrides: dict[str, Any]) -> list[ScriptedTool]:
+    spec: dict[str, dict[str, Any]] = {
+        "query_metrics": {"returns": {"p99": 870}},
+        "query_service_health": {"returns": {"fraud-check": "degraded"}},
+        "query_deploys": {"returns": []},
+        "query_error_logs": {"returns": {"timeouts": 412}},
+        "analyze": {
+            "returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}
+        },
+        "report": {"returns": lambda params: {"report": params["finding"]}},
+    }
+    for name, change in overrides.items():
+        spec[name] = {**spec[name], **change}
+    return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]
+
+
+COMMON: dict[str, Any] = {
+    "retry_delay": timedelta(seconds=1),
+    "max_retry_delay": timedelta(seconds=2),
+    "tags": ["e2e"],
+}
+
+# A permanent failure of node 3; the plan comes in the run's conf (no planner), max_replans 0 in the conf.
+e2e_seed_failure = build_plan_dag(
+    "e2e_seed_failure",
+    planner=None,
+    tools=scripted_registry(
+        *seed_tools(call_log("e2e_seed_failure"), query_deploys={"permanent": "deploy API says 403"})
+    ),
+    max_layers=3,
+    **COMMON,
+)
+
+# Node 3 finds no deploy and asks for a replan; the scripted planner revises node 5.
+e2e_seed_replan = build_plan_dag(
+    "e2e_seed_replan",
+    planner=ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())]),
+    tools=scripted_registry(
+        *seed_tools(call_log("e2e_seed_replan"), query_deploys={"replan": "no deploys yesterday"})
+    ),
+    max_layers=3,
+    **COMMON,
+)
+
+# Eight independent naps, at most two at a time in a run.
+e2e_cap_two = build_plan_dag(
+    "e2e_cap_two",
+    planner=ScriptedPlanner(independent_plan()),
+    tools=scripted_registry(
+        ScriptedTool("nap", log=call_log("e2e_cap_two"), sleep=NAP_SECONDS, returns="rested")
+    ),
+    max_layers=1,
+    max_active_nodes=2,
+    **COMMON,
+)
+
+# Up to five per run, but every node takes a slot of a 3-slot pool shared by all runs.
+e2e_pool_three = build_plan_dag(
+    "e2e_pool_three",
+    planner=ScriptedPlanner(independent_plan()),
+    tools=scripted_registry(
+        ScriptedTool("nap", log=call_log("e2e_pool_three"), sleep=NAP_SECONDS, returns="rested")
+    ),
+    max_layers=1,
+    max_active_nodes=5,
+    pool=POOL,
+    **COMMON,
+)
+
+# Node 1's tool fails once with a transient error; Airflow retries it.
+e2e_transient = build_plan_dag(
+    "e2e_transient",
+    planner=ScriptedPlanner(
+        {
+            "goal": "retry a flaky call",
+            "nodes": [
+                {"id": "1", "action": "flaky call", "tool": "flaky", "params": {}},
+                {"id": "2", "action": "use it", "tool": "steady", "params": {"x": "${1}"}},
+            ],
+            "edges": [],
+        }
+    ),
+    tools=scripted_registry(
+        ScriptedTool("flaky", log=call_log("e2e_transient"), transient_failures=1, returns={"ok": True}),
+        ScriptedTool("steady", log=call_log("e2e_transient"), returns="done"),
+    ),
+    max_layers=2,
+    node_retries=2,
+    **COMMON,
+)
