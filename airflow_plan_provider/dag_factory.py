@@ -71,6 +71,8 @@ def build_plan_dag(
     max_replans: int = 3,
     repair_attempts: int = 2,
     replan: bool = True,
+    artifact_store: str | None = None,
+    artifact_threshold: int = 64 * 1024,
     goal: str = "",
     schedule: Any = None,
     params: Mapping[str, Any] | None = None,
@@ -80,6 +82,8 @@ def build_plan_dag(
 
     ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
     ``max_active_nodes`` caps the nodes running at once in one run; ``pool`` shares a cap across runs.
+    Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
+    a folder under AIRFLOW_HOME) and XCom carries a reference.
     """
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
@@ -97,6 +101,8 @@ def build_plan_dag(
         "max_active_tis_per_dagrun": max_active_nodes,
         "map_index_template": MAP_INDEX_TEMPLATE,
         "execution_timeout": node_timeout,
+        "artifact_store": artifact_store,
+        "artifact_threshold": artifact_threshold,
     }
     if pool:
         node_kwargs["pool"] = pool

@@ -79,6 +79,8 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         state.usage.steps += len(executed)
         state.history.extend(records.values())
         for record in records.values():
+            if record.polling:
+                state.event("node.polling", record.node_id, tool=record.tool, **record.polling)
             kind: str = "reused" if record.reused else record.status
             kind = "replan_requested" if record.replan_requested else kind
             state.event(

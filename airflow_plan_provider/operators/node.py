@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.operators._xcom import NODE_KEY, pull_node_record, pull_plan, pull_session
 from airflow_plan_provider.plan.budgets import step_allowed
+from airflow_plan_provider.plan.model import Node
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import now, summarize
+from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.plan.state import NodeStatus, decide
-from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry, load_tools
+from airflow_plan_provider.tools.jobs import callable_path
+from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
+from airflow_plan_provider.triggers.job import ToolJobTrigger
 
 NODE_LABEL = "plan_node_label"
+POLLING_KEY = "polling"
 
 
 def idempotency_key(dag_id: str, root_run_id: str, node_id: str, revision: int) -> str:
@@ -24,24 +33,55 @@ def idempotency_key(dag_id: str, root_run_id: str, node_id: str, revision: int) 
     return f"{dag_id}/{root_run_id}/{node_id}/r{revision}"
 
 
+@dataclass
+class NodeRun:
+    """What one node instance knows while it runs: the node, the session, and its record so far."""
+
+    ti: Any
+    node: Node
+    state: SessionState
+    record: dict[str, Any]
+    missing: list[str] = field(default_factory=list)
+
+    def push(self, status: str, **fields: Any) -> None:
+        value = {**self.record, "status": status, "ended_at": now(), "missing_inputs": self.missing, **fields}
+        self.ti.xcom_push(key=NODE_KEY, value=value)
+
+    def fail(self, reason: str) -> AirflowFailException:
+        self.push("failed", error=reason)
+        return AirflowFailException(f"node {self.node.id}: {reason}")
+
+
 class PlanNodeOperator(BaseOperator):
     """Run node ``plan_node`` of the plan published by the planning task (one instance per mapped node).
 
     Skips when a hard parent failed or was skipped, or a parent's result made it moot; runs with the
     missing inputs named when an optional parent failed; reuses a locked node's output without calling
-    its tool. Transient tool errors are retried by Airflow; permanent ones fail at once.
+    its tool. Transient tool errors are retried by Airflow; permanent ones fail at once. An asynchronous
+    tool's job is waited for on the triggerer (deferred, no worker slot held). Outputs larger than
+    ``artifact_threshold`` bytes go to the artifact store, and XCom holds a reference.
     Every outcome is pushed as XCom ``node`` for the nodes downstream and for finalize.
     """
 
     template_fields = ("plan_node",)
     ui_color = "#e8f4e4"
 
-    def __init__(self, *, plan_node: str, tools: ToolRegistry | str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        plan_node: str,
+        tools: ToolRegistry | str | None = None,
+        artifact_store: str | None = None,
+        artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.plan_node = plan_node
         self.tools = tools
+        self.artifact_store = artifact_store
+        self.artifact_threshold = artifact_threshold
 
-    def execute(self, context: Any) -> None:
+    def _start(self, context: Any) -> NodeRun:
         ti = context["ti"]
         plan = pull_plan(ti)
         if plan is None:
@@ -49,7 +89,7 @@ class PlanNodeOperator(BaseOperator):
         state = pull_session(ti)
         node = plan.node(self.plan_node)
         context[NODE_LABEL] = f"{node.id} · {node.action}"
-        base = {
+        record = {
             "node_id": node.id,
             "revision": state.revision,
             "action": node.action,
@@ -57,22 +97,25 @@ class PlanNodeOperator(BaseOperator):
             "attempts": ti.try_number,
             "started_at": now(),
         }
+        return NodeRun(ti, node, state, record)
 
-        def push(status: str, **fields: Any) -> None:
-            ti.xcom_push(key=NODE_KEY, value={**base, "status": status, "ended_at": now(), **fields})
-
+    def execute(self, context: Any) -> None:
+        run = self._start(context)
+        ti, node, state = run.ti, run.node, run.state
+        plan = pull_plan(ti)
+        assert plan is not None
         parents = {p: pull_node_record(ti, plan, p) for p in plan.parents[node.id]}
         statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
         decision = decide(plan, node.id, statuses, moot)
         if decision.action != "run":
-            push("skipped", error=decision.reason)
+            run.push("skipped", error=decision.reason)
             raise AirflowSkipException(f"node {node.id}: {decision.reason}")
 
         if node.id in state.locked:
             locked = state.locked[node.id]
             self.log.info("node %s succeeded in an earlier revision; reusing its output", node.id)
-            push("success", reused=True, attempts=0, output=locked.output, output_summary=locked.summary)
+            run.push("success", reused=True, attempts=0, output=locked.output, output_summary=locked.summary)
             return
 
         position = state.execution_order.index(node.id)
@@ -81,42 +124,37 @@ class PlanNodeOperator(BaseOperator):
                 f"step budget spent: node {node.id} would be step {state.usage.steps + position + 1} "
                 f"of {state.budgets.max_steps}"
             )
-            push("skipped", budget_exhausted=True, error=reason)
+            run.push("skipped", budget_exhausted=True, error=reason)
             raise AirflowSkipException(reason)
 
-        outputs = {p: r.get("output") for p, r in parents.items() if r and r["status"] == "success"}
-        missing = list(decision.missing)
-        if missing:
-            self.log.warning("node %s runs without the output of optional parent(s) %s", node.id, missing)
-
-        def fail(reason: str) -> AirflowFailException:
-            push("failed", error=reason, missing_inputs=missing)
-            return AirflowFailException(f"node {node.id}: {reason}")
-
+        run.missing = list(decision.missing)
+        if run.missing:
+            self.log.warning("node %s runs without the output of optional parent(s) %s", node.id, run.missing)
+        outputs = {
+            p: artifacts.load(r.get("output")) for p, r in parents.items() if r and r["status"] == "success"
+        }
         try:
             params = _without_missing(resolve(node.params, outputs))
         except UnresolvedReference as error:
-            raise fail(str(error)) from error
-        tools = load_tools(self.tools)
-        tool = tools.get(node.tool)
+            raise run.fail(str(error)) from error
+        tool = load_tools(self.tools).get(node.tool)
         if tool is None:
-            raise fail(f"unknown tool {node.tool!r}")
+            raise run.fail(f"unknown tool {node.tool!r}")
         bad = [
             f"{'.'.join(map(str, e.absolute_path)) or 'params'}: {e.message}"
             for e in tool.validator.iter_errors(params)
         ]
         if bad:
-            raise fail(
+            raise run.fail(
                 f"params for tool {tool.name!r} are invalid after resolving references: {'; '.join(bad)}"
             )
-
         ctx = ToolContext(
             node_id=node.id,
             idempotency_key=idempotency_key(
                 ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision
             ),
             attempt=ti.try_number,
-            missing_inputs=tuple(missing),
+            missing_inputs=tuple(run.missing),
             run_id=ti.run_id,
             revision=state.revision,
         )
@@ -124,28 +162,88 @@ class PlanNodeOperator(BaseOperator):
         try:
             output = tool.call(params, ctx)
         except ReplanRequested as request:
-            output = _checked_output(request.output, fail)
             self.log.warning("node %s requests a replan: %s", node.id, request.reason)
-            push(
-                "success",
-                replan_requested=True,
-                error=request.reason,
-                output=output,
-                output_summary=summarize(output),
-                missing_inputs=missing,
-            )
+            self._succeed(run, ctx, request.output, replan_requested=True, error=request.reason)
             return
         except PermanentToolError as error:
-            raise fail(error.reason) from error
+            raise run.fail(error.reason) from error
         except Exception as error:
             reason = (
                 error.reason if isinstance(error, TransientToolError) else f"{type(error).__name__}: {error}"
             )
             if ti.try_number > self.retries:
-                push("failed", error=reason, missing_inputs=missing)
+                run.push("failed", error=reason)
             raise
-        output = _checked_output(output, fail)
-        push("success", output=output, output_summary=summarize(output), missing_inputs=missing)
+        if tool.is_async:
+            self._defer_to_job(run, tool, ctx, output)
+        self._succeed(run, ctx, output)
+
+    def _succeed(self, run: NodeRun, ctx: ToolContext, output: Any, **fields: Any) -> None:
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as error:
+            raise run.fail(f"tool output is not JSON-serialisable: {error}") from error
+        stored = artifacts.store(
+            output, key=ctx.idempotency_key, base_url=self.artifact_store, threshold=self.artifact_threshold
+        )
+        if artifacts.is_reference(stored):
+            self.log.info(
+                "node %s output (%s bytes) stored at %s", run.node.id, stored["size"], stored["uri"]
+            )
+        run.push("success", output=stored, output_summary=summarize(output), **fields)
+
+    def _defer_to_job(self, run: NodeRun, tool: Tool, ctx: ToolContext, handle: Any) -> None:
+        timeout = tool.timeout or (self.execution_timeout.total_seconds() if self.execution_timeout else None)
+        polling = {
+            "handle": handle,
+            "since": now(),
+            "timeout": timeout,
+            "missing": run.missing,
+            "key": ctx.idempotency_key,
+        }
+        # visible while the node waits, and read back when it resumes (same try, so the XCom stays)
+        run.ti.xcom_push(key=POLLING_KEY, value=polling)
+        self.log.info(
+            "node %s: job started (%s); polling every %s s on the triggerer",
+            run.node.id,
+            handle,
+            tool.poll_interval,
+        )
+        assert tool.poll is not None
+        self.defer(
+            trigger=ToolJobTrigger(
+                poll_path=callable_path(tool.poll),
+                handle=handle,
+                poll_interval=tool.poll_interval,
+                deadline=time.time() + timeout if timeout else None,
+                node_id=run.node.id,
+            ),
+            method_name="resume_after_job",
+            timeout=timedelta(seconds=timeout * 2) if timeout else None,
+        )
+
+    def resume_after_job(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
+        run = self._start(context)
+        ti = run.ti
+        polling = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
+        run.missing = list(polling.get("missing", []))
+        event = event or {}
+        outcome = event.get("status", "lost")
+        polling = {**polling, "until": now(), "outcome": outcome}
+        polling.pop("missing", None)
+        if outcome != "done":
+            reason = f"job {outcome}: {event.get('reason', 'no event from the trigger')}"
+            run.push("failed", error=reason, polling=polling)
+            raise AirflowFailException(f"node {run.node.id}: {reason}")
+        ctx = ToolContext(
+            node_id=run.node.id,
+            idempotency_key=polling.get("key", ""),
+            attempt=ti.try_number,
+            missing_inputs=tuple(run.missing),
+            run_id=ti.run_id,
+            revision=run.state.revision,
+        )
+        self._succeed(run, ctx, event.get("result"), polling=polling)
 
 
 def _without_missing(value: Any) -> Any:
@@ -157,14 +255,6 @@ def _without_missing(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_missing(v) for v in value]
     return value
-
-
-def _checked_output(output: Any, fail: Any) -> Any:
-    try:
-        json.dumps(output)
-    except (TypeError, ValueError) as error:
-        raise fail(f"tool output is not JSON-serialisable: {error}") from error
-    return output
 
 
 class LayerSelectOperator(BaseOperator):

@@ -58,6 +58,7 @@ class NodeRecord(BaseModel):
     budget_exhausted: bool = False
     error: str | None = None
     output_summary: str | None = None
+    polling: dict[str, Any] | None = None  # an asynchronous job: handle, since, until, outcome
 
 
 class Revision(BaseModel):

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.plan.model import Plan
 from airflow_plan_provider.planners.base import PlanRequest
+from airflow_plan_provider.tools.jobs import JobStatus
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 
@@ -97,6 +98,8 @@ class ScriptedTool:
     ``transient_failures`` calls raise :class:`TransientToolError`; ``permanent`` (a reason) always raises
     :class:`PermanentToolError`; ``replan`` (a reason) raises :class:`ReplanRequested` with the output;
     ``side_effect`` records one effect per idempotency key; ``fail_nodes`` limits failures to those nodes.
+    ``job_seconds`` makes the tool asynchronous: the call starts a job that ends after that many seconds
+    (with the output, or failing with ``job_fails``), polled by :func:`poll_timed_job`.
     """
 
     def __init__(
@@ -113,6 +116,10 @@ class ScriptedTool:
         fail_nodes: Iterable[str] | None = None,
         description: str = "",
         args_schema: Mapping[str, Any] | None = None,
+        job_seconds: float | None = None,
+        job_fails: str | None = None,
+        job_timeout: float | None = None,
+        poll_interval: float = 1.0,
     ) -> None:
         self.name = name
         self.log = log
@@ -125,6 +132,10 @@ class ScriptedTool:
         self.fail_nodes = set(fail_nodes) if fail_nodes is not None else None
         self.description = description or f"scripted tool {name}"
         self.args_schema = dict(args_schema or {"type": "object"})
+        self.job_seconds = job_seconds
+        self.job_fails = job_fails
+        self.job_timeout = job_timeout
+        self.poll_interval = poll_interval
 
     def _fails_here(self, ctx: ToolContext) -> bool:
         return self.fail_nodes is None or ctx.node_id in self.fail_nodes
@@ -144,6 +155,8 @@ class ScriptedTool:
                 self.log.perform_once(ctx.idempotency_key, {"tool": self.name, "node": ctx.node_id})
             if self.replan and self._fails_here(ctx):
                 raise ReplanRequested(f"{self.name}: {self.replan}", output=output)
+            if self.job_seconds is not None:
+                return {"until": time.time() + self.job_seconds, "result": output, "fails": self.job_fails}
             return output
 
     def as_tool(self) -> Tool:
@@ -151,7 +164,24 @@ class ScriptedTool:
             return self(ctx, **params)
 
         call.__name__ = self.name
-        return Tool(name=self.name, description=self.description, func=call, args_schema=self.args_schema)
+        return Tool(
+            name=self.name,
+            description=self.description,
+            func=call,
+            args_schema=self.args_schema,
+            poll=poll_timed_job if self.job_seconds is not None else None,
+            poll_interval=self.poll_interval,
+            timeout=self.job_timeout,
+        )
+
+
+def poll_timed_job(handle: Mapping[str, Any]) -> JobStatus:
+    """Status of a job started by an asynchronous :class:`ScriptedTool`."""
+    if time.time() < handle["until"]:
+        return JobStatus.pending()
+    if handle.get("fails"):
+        return JobStatus.failed(handle["fails"])
+    return JobStatus.done(handle.get("result"))
 
 
 def scripted_registry(*tools: ScriptedTool) -> ToolRegistry:

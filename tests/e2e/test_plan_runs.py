@@ -1,0 +1,258 @@
+"""Plan DAGs on a real Airflow (scheduler, dag-processor, api-server, triggerer as processes), driven
+through the REST API: the example DAG's replan chain, failure containment, a scripted replan, the
+per-run and pool concurrency caps, and Airflow retries of a transient tool error.
+
+One cluster serves the whole module. Tool calls are counted by ``ScriptedTool`` in a ``CallLog`` folder
+per DAG that every worker process writes to (``$PLAN_E2E_CALL_LOG/<dag_id>``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.scripted import CallLog
+from airflow_plan_provider.testing.sessions import node_states, session_result
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTED_DAGS = Path(__file__).resolve().parent / "dags"
+EXAMPLE = "plan_and_execute"
+GOAL = "find why the payment API got slow yesterday and write a report"
+POOL = "plan_e2e_pool"  # as in dags/scripted_plan_dags.py
+DAG_IDS = (EXAMPLE, "e2e_seed_failure", "e2e_seed_replan", "e2e_cap_two", "e2e_pool_three", "e2e_transient")
+RUN_TIMEOUT = 180.0
+
+
+@dataclass
+class Env:
+    cluster: AirflowCluster
+    calls: Path
+    reports: Path
+
+    def log(self, dag_id: str) -> CallLog:
+        return CallLog(self.calls / dag_id)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    base = tmp_path_factory.mktemp("plan_runs")
+    dags = base / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
+    for source in SCRIPTED_DAGS.glob("*.py"):
+        shutil.copy(source, dags)
+    calls, reports = base / "calls", base / "reports"
+    extra = {
+        "PLAN_E2E_CALL_LOG": str(calls),
+        "PLAN_REPORT_DIR": str(reports),
+        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
+    }
+    t0 = time.monotonic()
+    with AirflowCluster(dags, env=extra, parallelism=8) as cluster:
+        for dag_id in DAG_IDS:
+            cluster.wait_for_dag(dag_id, timeout=120)
+            cluster.unpause(dag_id)
+        cluster.api("POST", "/pools", {"name": POOL, "slots": 3, "include_deferred": False})
+        print(f"\n[e2e] cluster ready in {time.monotonic() - t0:.1f}s (home={cluster.home})")
+        yield Env(cluster, calls, reports)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def run_to_end(cluster: AirflowCluster, dag_id: str, conf: dict[str, Any]) -> tuple[str, str]:
+    t0 = time.monotonic()
+    run_id = cluster.trigger(dag_id, conf)
+    state = cluster.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT)
+    print(f"\n[e2e] {dag_id} {run_id}: {state} in {time.monotonic() - t0:.1f}s")
+    return run_id, state
+
+
+def states_by_node(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
+    """Plan node id → task state, from the published plan's layers (layer k, index i → layer_k[i])."""
+    plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
+    tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
+    states = {}
+    for k, layer in enumerate(plan["layers"]):
+        for i, node_id in enumerate(layer):
+            ti = tis[(f"layer_{k}", i)]
+            label = ti.get("rendered_map_index")
+            if label:  # the grid label names the same node
+                assert label.split(" · ")[0] == node_id, (label, node_id)
+            states[node_id] = ti["state"]
+    return states
+
+
+def task_instance(
+    cluster: AirflowCluster, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+) -> dict[str, Any]:
+    [ti] = [
+        t
+        for t in cluster.task_instances(dag_id, run_id)
+        if t["task_id"] == task_id and t["map_index"] == map_index
+    ]
+    return ti
+
+
+def run_ids(cluster: AirflowCluster, dag_id: str) -> list[str]:
+    """Every run of the DAG (a session's root run and its replan runs sort together)."""
+    return sorted(r["dag_run_id"] for r in cluster.list_runs(dag_id))
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+def test_example_dag_replans_node_5_and_reuses_the_queries(env: Env) -> None:
+    cluster = env.cluster
+    root, state = run_to_end(cluster, EXAMPLE, {"goal": GOAL})
+    child = f"{root}__replan_1"
+    assert state == "success", cluster.diagnostics()
+    assert run_ids(cluster, EXAMPLE) == [root, child]
+    assert cluster.get_run(EXAMPLE, child)["state"] == "success"
+
+    first = states_by_node(cluster, EXAMPLE, root)
+    assert first == {"1": "success", "2": "success", "3": "success", "4": "success"} | {
+        "5": "skipped",
+        "6": "skipped",
+    }
+    assert node_states(cluster, EXAMPLE, root) == first  # the grid labels say the same
+    assert states_by_node(cluster, EXAMPLE, child) == dict.fromkeys("123456", "success")
+
+    session = cluster.get_run(EXAMPLE, child)["conf"]["session"]
+    assert session["root_run_id"] == root and session["parent_run_id"] == root
+    assert session["revision"] == 1
+
+    result = session_result(cluster, EXAMPLE, root)
+    assert result is not None
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    assert result["run_ids"] == [root, child]
+    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+    assert "no deploys of payment-api" in result["revisions"][0]["reason"]
+    reused = sorted(r["node_id"] for r in result["history"] if r["revision"] == 1 and r["reused"])
+    assert reused == ["1", "2", "3", "4"]
+    executed = sorted(r["node_id"] for r in result["history"] if r["revision"] == 1 and not r["reused"])
+    assert executed == ["5", "6"]
+
+    report = Path(result["outputs"]["6"]["path"])
+    assert report.is_file() and report.parent == env.reports
+    assert "fraud-check" in report.read_text()
+
+
+def test_permanent_failure_is_contained_and_fails_the_run(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_seed_failure"
+    from_conf = {
+        "goal": "find why the payment API got slow yesterday",
+        "plan": seed_plan(),
+        "max_replans": 0,
+    }
+    run_id, state = run_to_end(cluster, dag_id, from_conf)
+    assert state == "failed"
+    assert run_ids(cluster, dag_id) == [run_id]  # no replan run
+    assert states_by_node(cluster, dag_id, run_id) == {
+        "1": "success",
+        "2": "success",
+        "3": "failed",
+        "4": "success",
+        "5": "skipped",
+        "6": "skipped",
+    }
+    assert task_instance(cluster, dag_id, run_id, "finalize")["state"] == "failed"
+
+    result = session_result(cluster, dag_id, run_id)
+    assert result is not None
+    assert (result["status"], result["reason"]) == ("failed", "node_failed")
+    failed = next(r for r in result["history"] if r["node_id"] == "3")
+    assert failed["status"] == "failed" and "403" in failed["error"]
+
+    log = env.log(dag_id)
+    tools = ["query_metrics", "query_service_health", "query_deploys", "query_error_logs"]
+    assert {t: log.count(t) for t in tools} == dict.fromkeys(tools, 1)  # permanent error: no retry
+    assert log.count("analyze") == log.count("report") == 0
+
+
+def test_scripted_replan_chain_reuses_finished_nodes(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_seed_replan"
+    root, state = run_to_end(cluster, dag_id, {"goal": "find why the payment API got slow yesterday"})
+    child = f"{root}__replan_1"
+    assert state == "success", cluster.diagnostics()
+    assert run_ids(cluster, dag_id) == [root, child]
+    assert cluster.get_run(dag_id, child)["state"] == "success"
+    assert task_instance(cluster, dag_id, root, "replan")["state"] == "success"
+    assert task_instance(cluster, dag_id, child, "replan")["state"] == "skipped"
+    assert states_by_node(cluster, dag_id, root)["5"] == "skipped"
+
+    log = env.log(dag_id)
+    for tool in ("query_metrics", "query_service_health", "query_deploys", "query_error_logs"):
+        assert log.count(tool) == 1, (tool, log.calls(tool))
+    # node 5 ran only in revision 1 (it was moot in revision 0), and so did the report
+    assert [c["key"].rsplit("/", 1)[-1] for c in log.calls("analyze")] == ["r1"]
+    assert log.count("report") == 1
+
+    result = session_result(cluster, dag_id, root)
+    assert result is not None
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    assert result["outputs"]["6"] == {"report": {"inputs": ["health", "latency"]}}
+    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+
+
+def test_max_active_nodes_caps_a_run(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_cap_two"
+    run_id, state = run_to_end(cluster, dag_id, {"goal": "nap"})
+    assert state == "success"
+    states = states_by_node(cluster, dag_id, run_id)
+    assert states == {f"n{i}": "success" for i in range(8)}
+    log = env.log(dag_id)
+    assert log.count("nap") == 8
+    assert log.max_concurrency() == 2
+
+
+def test_pool_caps_nodes_across_runs(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_pool_three"
+    runs = [cluster.trigger(dag_id, {"goal": f"nap {n}"}) for n in range(2)]
+    for run_id in runs:
+        assert cluster.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+        assert set(states_by_node(cluster, dag_id, run_id).values()) == {"success"}
+    log = env.log(dag_id)
+    assert log.count("nap") == 16
+    assert 1 < log.max_concurrency() <= 3
+
+
+def test_transient_failure_is_retried_by_airflow(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_transient"
+    run_id, state = run_to_end(cluster, dag_id, {"goal": "retry"})
+    assert state == "success"
+    flaky = task_instance(cluster, dag_id, run_id, "layer_0", 0)
+    assert (flaky["state"], flaky["try_number"]) == ("success", 2)
+    assert task_instance(cluster, dag_id, run_id, "layer_1", 0)["try_number"] == 1
+    assert env.log(dag_id).count("flaky") == 2
+    record = cluster.xcom(dag_id, run_id, "layer_0", key="node", map_index=0)
+    assert (record["status"], record["attempts"]) == ("success", 2)
+    assert "transient failure 1" in cluster.task_log(dag_id, run_id, "layer_0", try_number=1, map_index=0)
+
+
+def seed_plan() -> dict[str, Any]:
+    """The scripted DAGs' seed plan (the same as ``seed_plan`` in dags/scripted_plan_dags.py)."""
+    nodes = [
+        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
+        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
+        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
+        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
+        {
+            "id": "5",
+            "action": "correlate latency",
+            "tool": "analyze",
+            "params": {"latency": "${1}", "logs": "${4}"},
+        },
+        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
+    ]
+    edges = [{"from": n, "to": "5"} for n in "1234"] + [{"from": "5", "to": "6"}]
+    return {"goal": "find why the payment API got slow yesterday", "nodes": nodes, "edges": edges}
