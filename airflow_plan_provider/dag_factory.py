@@ -29,6 +29,7 @@ from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import NODE_LABEL, LayerSelectOperator, PlanNodeOperator
 from airflow_plan_provider.operators.planning import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
+from airflow_plan_provider.operators.retry import ToolRetryPolicy
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
@@ -103,6 +104,7 @@ def build_plan_dag(
         "execution_timeout": node_timeout,
         "artifact_store": artifact_store,
         "artifact_threshold": artifact_threshold,
+        "retry_policy": ToolRetryPolicy(),
     }
     if pool:
         node_kwargs["pool"] = pool

@@ -1,0 +1,34 @@
+"""How a node's failure is retried: rate-limited tools wait as long as they asked, the rest use backoff."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import RetryDecision, RetryPolicy
+
+from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
+
+
+class ToolRetryPolicy(RetryPolicy):
+    """A :class:`TransientToolError` with ``retry_after`` (e.g. HTTP 429 Retry-After) is retried after
+    that delay; a :class:`PermanentToolError` fails at once; anything else falls through to the task's
+    ``retries`` with exponential backoff."""
+
+    def evaluate(
+        self, exception: BaseException, try_number: int, max_tries: int, context: Any = None
+    ) -> RetryDecision:
+        if isinstance(exception, PermanentToolError):
+            return RetryDecision.fail(exception.reason)
+        if isinstance(exception, TransientToolError) and exception.retry_after:
+            return RetryDecision.retry(
+                delay=timedelta(seconds=exception.retry_after), reason=f"rate limited: {exception.reason}"
+            )
+        return RetryDecision.default()
+
+    def serialize(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> ToolRetryPolicy:
+        return cls()
