@@ -1,0 +1,53 @@
+"""The package as Airflow and users see it: provider registration, public names, example DAGs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import airflow_plan_provider
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_public_surface_is_sorted_and_importable():
+    assert airflow_plan_provider.__all__ == sorted(airflow_plan_provider.__all__)
+    for name in airflow_plan_provider.__all__:
+        assert getattr(airflow_plan_provider, name) is not None
+
+
+def test_plan_json_schema_is_what_planners_are_asked_to_follow():
+    schema = airflow_plan_provider.Plan.model_json_schema()
+    node = schema["$defs"]["Node"]
+    assert {"id", "action", "tool"} <= set(node["required"])
+    assert schema["$defs"]["Edge"]["properties"].keys() >= {"from", "to", "optional"}
+
+
+@pytest.mark.airflow
+def test_airflow_lists_the_provider():
+    airflow = Path(sys.executable).with_name("airflow")
+    out = subprocess.run(
+        [str(airflow), "providers", "list", "-o", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    ).stdout
+    providers = {p["package_name"]: p for p in json.loads(out[out.index("[") :])}
+    assert "airflow-plan-provider" in providers
+
+
+@pytest.mark.airflow
+def test_example_dags_import_without_errors():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert bag.import_errors == {}
+    assert {"plan_and_execute", "plan_and_execute_llm"} <= set(bag.dag_ids)
+    dag = bag.get_dag("plan_and_execute")
+    assert set(dag.params.keys()) >= {"goal", "plan", "max_replans", "max_steps"}
