@@ -49,5 +49,5 @@ def test_example_dags_import_without_errors():
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}
     assert {"plan_and_execute", "plan_and_execute_llm"} <= set(bag.dag_ids)
-    dag = bag.get_dag("plan_and_execute")
+    dag = bag.dags["plan_and_execute"]
     assert set(dag.params.keys()) >= {"goal", "plan", "max_replans", "max_steps"}
