@@ -14,7 +14,9 @@ All figures are wall-clock seconds on a shared 2-core machine: report them, neve
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,6 +48,14 @@ def median(values: Iterable[float]) -> float:
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def load_note() -> str:
+    """The 1/5/15-minute load averages: other work shares the 2 cores."""
+    import os
+
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 def log(message: str) -> None:
@@ -108,7 +118,7 @@ def layered_bound(plan: Plan, seconds: Mapping[str, float]) -> float:
 
 # ------------------------------------------------------------------------------------------ DAG files
 
-CALL_LOG_WRITER = '''
+CALL_LOG_WRITER = """
 import json as _json, os as _os, time as _time
 
 CALLS = {calls!r}
@@ -122,10 +132,12 @@ def _log(node, key, event):
         _os.write(fd, line.encode())
     finally:
         _os.close(fd)
-'''
+"""
 
 
-def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], calls: Path, **dag_kwargs: Any) -> str:
+def static_dag_source(
+    dag_id: str, plan: Plan, seconds: Mapping[str, float], calls: Path, **dag_kwargs: Any
+) -> str:
     """An ordinary Airflow DAG with one PythonOperator per plan node (sleeping its seconds, times the
     run conf's ``scale``) and the plan's edges as real task dependencies. Imports Airflow and the stdlib
     only; logs each sleep to the same call log as the plan DAG's tools."""
@@ -140,7 +152,7 @@ def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], cal
         )
         + CALL_LOG_WRITER.format(calls=str(calls))
         + textwrap.dedent(
-            f'''
+            f"""
 
             SECONDS = {dict(seconds)!r}
             EDGES = {edges_of(plan)!r}
@@ -160,7 +172,7 @@ def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], cal
                        for n in SECONDS}}
                 for source, target in EDGES:
                     ops[source] >> ops[target]
-            '''
+            """
         )
     )
 
@@ -210,7 +222,8 @@ def work_plan_dag_source(dag_id: str, calls_folder: Path, **build_kwargs: Any) -
 def work_plan(plan: Plan, seconds: Mapping[str, float], scale: float = 1.0) -> Plan:
     """``plan`` with every node calling ``work`` for its (scaled) seconds."""
     nodes = [
-        {**n, "tool": "work", "params": {"seconds": round(seconds[n["id"]] * scale, 3)}} for n in plan["nodes"]
+        {**n, "tool": "work", "params": {"seconds": round(seconds[n["id"]] * scale, 3)}}
+        for n in plan["nodes"]
     ]
     return {**plan, "nodes": nodes}
 
@@ -223,6 +236,7 @@ class Bench:
 
     def __init__(self, prefix: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+        atexit.register(shutil.rmtree, self.root, ignore_errors=True)
         self.dags = self.root / "dags"
         self.dags.mkdir()
         self.calls_folder = self.root / "calls"
@@ -233,7 +247,9 @@ class Bench:
     def write_dag(self, dag_id: str, source: str) -> None:
         (self.dags / f"{dag_id}.py").write_text(source)
 
-    def start(self, *, parallelism: int = 8, env: Mapping[str, str] | None = None, dag_ids: Sequence[str]) -> AirflowCluster:
+    def start(
+        self, *, parallelism: int = 8, env: Mapping[str, str] | None = None, dag_ids: Sequence[str]
+    ) -> AirflowCluster:
         t0 = time.monotonic()
         env = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), **(env or {})}
         self.cluster = AirflowCluster(self.dags, env=env, parallelism=parallelism, startup_timeout=180)
@@ -259,7 +275,9 @@ class Bench:
         state = self.cluster.wait_for_run(dag_id, run_id, timeout=timeout, poll=0.25)
         return self.run_info(dag_id, run_id, t_trigger, state)
 
-    def run_info(self, dag_id: str, run_id: str, t_trigger: float, state: str | None = None) -> dict[str, Any]:
+    def run_info(
+        self, dag_id: str, run_id: str, t_trigger: float, state: str | None = None
+    ) -> dict[str, Any]:
         assert self.cluster is not None
         run = self.cluster.get_run(dag_id, run_id)
         start, end = ts(run["start_date"]), ts(run["end_date"])
@@ -293,6 +311,43 @@ class Bench:
 
     # ---- where the time goes
 
+    def log_marks(
+        self, info: Mapping[str, Any], task_id: str, map_index: int, try_number: int
+    ) -> dict[str, float]:
+        """Epoch times read from a task's own log file: first line (the process is up), DAG parsed,
+        execute begins (end of the pre-execute group), post-execute begins."""
+        assert self.cluster is not None
+        path = (
+            self.cluster.log_dir
+            / f"dag_id={info['dag_id']}"
+            / f"run_id={info['run_id']}"
+            / f"task_id={task_id}"
+        )
+        if map_index >= 0:
+            path = path / f"map_index={map_index}"
+        path = path / f"attempt={try_number}.log"
+        marks: dict[str, float] = {}
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return marks
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            event, at = str(entry.get("event", "")), ts(entry.get("timestamp"))
+            if at is None:
+                continue
+            marks.setdefault("log_first", at)
+            if event == "Worker startup parse complete":
+                marks.setdefault("log_parsed", at)
+            elif event == "::endgroup::" and "log_parsed" in marks:
+                marks.setdefault("log_exec", at)
+            elif event == "::group::Post Execute":
+                marks.setdefault("log_post", at)
+        return marks
+
     def task_times(self, info: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every task instance of a run with queued/start/end and its tool span, relative to run start."""
         assert self.cluster is not None
@@ -309,8 +364,10 @@ class Bench:
             def rel(v: float | None) -> float | None:
                 return None if v is None else v - t0
 
+            marks = self.log_marks(info, ti["task_id"], ti["map_index"], ti.get("try_number") or 1)
             rows.append(
                 {
+                    **{k: rel(v) for k, v in marks.items()},
                     "task": ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else ""),
                     "task_id": ti["task_id"],
                     "node": node,
@@ -328,24 +385,54 @@ class Bench:
 
 
 def print_task_table(rows: Sequence[Mapping[str, Any]], run_end: float, title: str) -> None:
-    """Per task: times relative to the run's start (s), and the pieces of its own duration."""
+    """Per task: times relative to the run's start (s), and the pieces of its own duration:
+    q>start (queued → TI start_date: executor pick-up), launch (start_date → the task process's first log
+    line), parse (DAG file parse in the task process), prep (parse → execute: unmapping, template and
+    map-index rendering, API round trips), exec (execute → tool start, or → post-execute for tasks without
+    a tool: XCom pulls, checks), tool, post (tool end or post-execute → TI end_date)."""
     print(f"\n{title}")
     print(
-        f"  {'task':<18}{'node':>5} {'sched':>6} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6} {'end':>6}"
-        f" | {'sched>q':>7} {'q>start':>7} {'start>tool':>10} {'tool':>5} {'tool>end':>8}"
+        f"  {'task':<18}{'node':>5} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6} {'end':>6}"
+        f" | {'q>start':>7} {'launch':>6} {'parse':>6} {'prep':>5} {'exec':>5} {'tool':>5} {'post':>5}"
     )
     for r in rows:
-        def d(a: str, b: str) -> str:
-            return fmt(r[b] - r[a]) if r[a] is not None and r[b] is not None else "-"
 
+        def d(a: str, b: str, r: Mapping[str, Any] = r) -> str:
+            return fmt(r[b] - r[a], 2) if r.get(a) is not None and r.get(b) is not None else "-"
+
+        exec_end = "tool_start" if r["tool_start"] is not None else "log_post"
+        post_from = "tool_end" if r["tool_end"] is not None else "log_post"
         print(
-            f"  {r['task']:<18}{r['node'] or '':>5} {fmt(r['scheduled']):>6} {fmt(r['queued']):>7} {fmt(r['start']):>6}"
+            f"  {r['task']:<18}{r['node'] or '':>5} {fmt(r['queued']):>7} {fmt(r['start']):>6}"
             f" {fmt(r['tool_start']):>6} {fmt(r['tool_end']):>6} {fmt(r['end']):>6}"
-            f" | {d('scheduled', 'queued'):>7} {d('queued', 'start'):>7} {d('start', 'tool_start'):>10}"
-            f" {d('tool_start', 'tool_end'):>5} {d('tool_end', 'end'):>8}"
+            f" | {d('queued', 'start'):>7} {d('start', 'log_first'):>6} {d('log_first', 'log_parsed'):>6}"
+            f" {d('log_parsed', 'log_exec'):>5} {d('log_exec', exec_end):>5} {d('tool_start', 'tool_end'):>5}"
+            f" {d(post_from, 'end'):>5}"
         )
     last = max(r["end"] for r in rows if r["end"] is not None)
     print(f"  run end {fmt(run_end)} s after run start; {fmt(run_end - last)} s after the last task ended")
+
+
+def piece_medians(rows: Sequence[Mapping[str, Any]], task_prefix: str) -> dict[str, float]:
+    """Median of each piece of the tasks whose id starts with ``task_prefix``."""
+    pieces = {
+        "q>start": ("queued", "start"),
+        "launch": ("start", "log_first"),
+        "parse": ("log_first", "log_parsed"),
+        "prep": ("log_parsed", "log_exec"),
+        "exec": ("log_exec", "tool_start"),
+        "post": ("tool_end", "end"),
+    }
+    out = {}
+    for name, (a, b) in pieces.items():
+        values = [
+            r[b] - r[a]
+            for r in rows
+            if r["task_id"].startswith(task_prefix) and r.get(a) is not None and r.get(b) is not None
+        ]
+        if values:
+            out[name] = median(values)
+    return out
 
 
 def stage_table(
@@ -361,8 +448,8 @@ def stage_table(
         by_task.setdefault(r["task_id"], []).append(r)
     print(f"\n{title}")
     print(
-        f"  {'stage':<16}{'n':>3} {'ready':>6} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6} {'end':>6}"
-        f" | {'hop':>5} {'launch':>6} {'to tool':>7} {'tools':>6} {'after':>6} {'stage':>6}"
+        f"  {'stage':<16}{'n':>3} {'ready':>6} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6}"
+        f" {'end':>6} | {'hop':>5} {'launch':>6} {'to tool':>7} {'tools':>6} {'after':>6} {'stage':>6}"
     )
     ready = 0.0
     out = []
@@ -386,11 +473,13 @@ def stage_table(
             "stage": end - ready,
         }
         print(
-            f"  {task_id:<16}{len(group):>3} {fmt(ready):>6} {fmt(queued):>7} {fmt(start):>6} {fmt(t_s):>6} {fmt(t_e):>6}"
-            f" {fmt(end):>6} | {fmt(row['hop']):>5} {fmt(row['launch']):>6} {fmt(row['to_tool']):>7}"
+            f"  {task_id:<16}{len(group):>3} {fmt(ready):>6} {fmt(queued):>7} {fmt(start):>6}"
+            f" {fmt(t_s):>6} {fmt(t_e):>6} {fmt(end):>6} | {fmt(row['hop']):>5} {fmt(row['launch']):>6}"
+            f" {fmt(row['to_tool']):>7}"
             f" {fmt(row['tools']):>6} {fmt(row['after']):>6} {fmt(row['stage']):>6}"
         )
         out.append({"task": task_id, **row})  # type: ignore[dict-item]
         ready = end
-    print(f"  {'run end':<16}{'':>3} {fmt(ready):>6} {'':>7} {'':>6} {'':>6} {'':>6} {fmt(run_end):>6} | {fmt(run_end - ready):>5}")
+    blank = f"{'':>7} {'':>6} {'':>6} {'':>6}"
+    print(f"  {'run end':<16}{'':>3} {fmt(ready):>6} {blank} {fmt(run_end):>6} | {fmt(run_end - ready):>5}")
     return out
