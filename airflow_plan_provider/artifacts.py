@@ -57,3 +57,25 @@ def load(value: Any) -> Any:
     if digest != value["sha256"]:
         raise ValueError(f"artifact {value['uri']} is corrupt: sha256 {digest} != {value['sha256']}")
     return json.loads(data)
+
+
+def _checkpoint_path(key: str, base_url: str | None) -> Any:
+    safe_key = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    return _path(f"{(base_url or default_store_url()).rstrip('/')}/checkpoints/{safe_key}.json")
+
+
+def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = None) -> None:
+    """Remember that the node behind ``key`` (dag, root run, node, revision) succeeded, with its record.
+
+    The checkpoint outlives the task instance's XCom, which Airflow clears when the task is cleared.
+    """
+    path = _checkpoint_path(key, base_url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, separators=(",", ":")))
+
+
+def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | None:
+    path = _checkpoint_path(key, base_url)
+    if not path.exists():
+        return None
+    return dict(json.loads(path.read_text()))

@@ -6,7 +6,7 @@
 
 The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer, one instance per node)
 → ``finalize`` → ``replan`` (only runs when a replan is due). Layer 0 maps over the planning task's
-return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer 0, so no
+return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer k-1, so no
 extra scheduling hop sits on the critical path.
 """
 
@@ -74,6 +74,7 @@ def build_plan_dag(
     replan: bool = True,
     artifact_store: str | None = None,
     artifact_threshold: int = 64 * 1024,
+    checkpoints: bool = True,
     goal: str = "",
     schedule: Any = None,
     params: Mapping[str, Any] | None = None,
@@ -104,6 +105,7 @@ def build_plan_dag(
         "execution_timeout": node_timeout,
         "artifact_store": artifact_store,
         "artifact_threshold": artifact_threshold,
+        "checkpoints": checkpoints,
         "retry_policy": ToolRetryPolicy(),
     }
     if pool:
@@ -117,12 +119,18 @@ def build_plan_dag(
             limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
         )
         previous: Any = plan
+        layers: list[Any] = []
         for index in range(max_layers):
             if index == 0:
                 source = plan.output
             else:
-                select = LayerSelectOperator(task_id=select_task_id(index), layer=index)
+                # runs alongside layer k-1 (after layer k-2), so at most one starts beside each layer
+                select = LayerSelectOperator(
+                    task_id=select_task_id(index), layer=index, trigger_rule=TriggerRule.ALL_DONE
+                )
                 plan >> select
+                if index >= 2:
+                    layers[index - 2] >> select
                 source = select.output
             layer = PlanNodeOperator.partial(
                 task_id=layer_task_id(index),
@@ -131,6 +139,7 @@ def build_plan_dag(
             ).expand(plan_node=source)
             previous >> layer
             previous = layer
+            layers.append(layer)
         finalize = FinalizePlanOperator(
             task_id=FINALIZE_TASK,
             trigger_rule=TriggerRule.ALL_DONE,

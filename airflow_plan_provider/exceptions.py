@@ -36,9 +36,17 @@ class PlanValidationError(PlanProviderError):
 class PlanningError(PlanProviderError):
     """The planner could not produce a valid plan."""
 
-    def __init__(self, message: str, problems: list[Problem] | None = None, *, reason: str = "no_plan"):
+    def __init__(
+        self,
+        message: str,
+        problems: list[Problem] | None = None,
+        *,
+        reason: str = "no_plan",
+        usage: list[dict[str, int]] | None = None,
+    ):
         self.problems = list(problems or [])
         self.reason = reason
+        self.usage = list(usage or [])  # token usage of every planner call made before giving up
         if self.problems:
             message += "\n" + "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(message)

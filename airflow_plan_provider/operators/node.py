@@ -15,7 +15,7 @@ from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.operators._xcom import NODE_KEY, pull_node_record, pull_plan, pull_session
 from airflow_plan_provider.plan.budgets import step_allowed
-from airflow_plan_provider.plan.model import Node
+from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import now, summarize
 from airflow_plan_provider.plan.session import SessionState
@@ -38,6 +38,7 @@ class NodeRun:
     """What one node instance knows while it runs: the node, the session, and its record so far."""
 
     ti: Any
+    plan: ValidatedPlan
     node: Node
     state: SessionState
     record: dict[str, Any]
@@ -58,7 +59,10 @@ class PlanNodeOperator(BaseOperator):
     Skips when a hard parent failed or was skipped, or a parent's result made it moot; runs with the
     missing inputs named when an optional parent failed; reuses a locked node's output without calling
     its tool. Transient tool errors are retried by Airflow; permanent ones fail at once. An asynchronous
-    tool's job is waited for on the triggerer (deferred, no worker slot held). Outputs larger than
+    tool's job is waited for on the triggerer (deferred, no worker slot held). A node that already
+    succeeded in this revision (checkpoint keyed by its idempotency key) is not run again, even when
+    its task is cleared, so clearing a failed node with its downstream re-runs only what had not
+    succeeded. Outputs larger than
     ``artifact_threshold`` bytes go to the artifact store, and XCom holds a reference.
     Every outcome is pushed as XCom ``node`` for the nodes downstream and for finalize.
     """
@@ -73,9 +77,11 @@ class PlanNodeOperator(BaseOperator):
         tools: ToolRegistry | str | None = None,
         artifact_store: str | None = None,
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
+        checkpoints: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.checkpoints = checkpoints
         self.plan_node = plan_node
         self.tools = tools
         self.artifact_store = artifact_store
@@ -97,13 +103,11 @@ class PlanNodeOperator(BaseOperator):
             "attempts": ti.try_number,
             "started_at": now(),
         }
-        return NodeRun(ti, node, state, record)
+        return NodeRun(ti, plan, node, state, record)
 
     def execute(self, context: Any) -> None:
         run = self._start(context)
-        ti, node, state = run.ti, run.node, run.state
-        plan = pull_plan(ti)
-        assert plan is not None
+        ti, plan, node, state = run.ti, run.plan, run.node, run.state
         parents = {p: pull_node_record(ti, plan, p) for p in plan.parents[node.id]}
         statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
@@ -116,6 +120,20 @@ class PlanNodeOperator(BaseOperator):
             locked = state.locked[node.id]
             self.log.info("node %s succeeded in an earlier revision; reusing its output", node.id)
             run.push("success", reused=True, attempts=0, output=locked.output, output_summary=locked.summary)
+            return
+        key = idempotency_key(ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision)
+        saved = artifacts.load_checkpoint(key, self.artifact_store) if self.checkpoints else None
+        if saved is not None:
+            # this node already succeeded in this revision (its task was cleared, or crashed after the call)
+            self.log.info(
+                "node %s already succeeded (checkpoint %s); not calling its tool again", node.id, key
+            )
+            run.push(
+                "success",
+                **{k: v for k, v in saved.items() if k not in run.record and k != "status"},
+                reused=True,
+                checkpoint=True,
+            )
             return
 
         position = state.execution_order.index(node.id)
@@ -150,9 +168,7 @@ class PlanNodeOperator(BaseOperator):
             )
         ctx = ToolContext(
             node_id=node.id,
-            idempotency_key=idempotency_key(
-                ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision
-            ),
+            idempotency_key=key,
             attempt=ti.try_number,
             missing_inputs=tuple(run.missing),
             run_id=ti.run_id,
@@ -191,6 +207,17 @@ class PlanNodeOperator(BaseOperator):
                 "node %s output (%s bytes) stored at %s", run.node.id, stored["size"], stored["uri"]
             )
         run.push("success", output=stored, output_summary=summarize(output), **fields)
+        if self.checkpoints:
+            artifacts.save_checkpoint(
+                ctx.idempotency_key,
+                {
+                    "output": stored,
+                    "output_summary": summarize(output),
+                    "attempts": run.ti.try_number,
+                    **fields,
+                },
+                self.artifact_store,
+            )
 
     def _defer_to_job(self, run: NodeRun, tool: Tool, ctx: ToolContext, handle: Any) -> None:
         timeout = tool.timeout or (self.execution_timeout.total_seconds() if self.execution_timeout else None)
@@ -258,7 +285,10 @@ def _without_missing(value: Any) -> Any:
 
 
 class LayerSelectOperator(BaseOperator):
-    """Return the node ids of one layer of the published plan (empty when the plan is shallower)."""
+    """Return the node ids of one layer of the published plan (empty when the plan is shallower).
+
+    Runs after layer k-2 whatever its outcome, and skips itself when planning failed.
+    """
 
     ui_color = "#f0f0f0"
 
@@ -268,6 +298,8 @@ class LayerSelectOperator(BaseOperator):
 
     def execute(self, context: Any) -> list[str]:
         plan = pull_plan(context["ti"])
-        if plan is None or self.layer >= len(plan.layers):
+        if plan is None:
+            raise AirflowSkipException("planning did not publish a plan")
+        if self.layer >= len(plan.layers):
             return []
         return plan.layers[self.layer]

@@ -53,11 +53,14 @@ class PlanOperator(BaseOperator):
         run_id = context["run_id"]
         conf: Mapping[str, Any] = context["dag_run"].conf or {}
         params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
+        # what the planner sees of the conf: never the session state (outputs) or a ready plan
+        planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         tools = load_tools(self.tools)
         state = self._session(conf, params, run_id)
         try:
-            plan = self._plan(state, params, tools)
+            plan = self._plan(state, params, planner_conf, tools)
         except PlanningError as error:
+            _record_usage(state, error.usage)
             for problem in error.problems:
                 self.log.error("plan problem: %s", problem)
             state.event(
@@ -97,13 +100,19 @@ class PlanOperator(BaseOperator):
         state.run_ids.append(run_id)
         return state
 
-    def _plan(self, state: SessionState, params: Mapping[str, Any], tools: ToolRegistry) -> ValidatedPlan:
+    def _plan(
+        self,
+        state: SessionState,
+        params: Mapping[str, Any],
+        planner_conf: Mapping[str, Any],
+        tools: ToolRegistry,
+    ) -> ValidatedPlan:
         limits = self.limits
         if state.current_plan is None:
             planner: Planner | None = StaticPlanner(params["plan"]) if params.get("plan") else self.planner
             if planner is None:
                 raise PlanningError("no planner configured and no plan given in the run's conf")
-            request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(params))
+            request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
             outcome = plan_with_repairs(
                 planner,
                 request,
@@ -123,7 +132,7 @@ class PlanOperator(BaseOperator):
             current = validate_plan(state.current_plan)
             outcome = plan_with_repairs(
                 self.planner,
-                self._replan_request(state, current, params, tools),
+                self._replan_request(state, current, planner_conf, tools),
                 lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
                 repair_attempts=self.repair_attempts,
             )
@@ -140,17 +149,15 @@ class PlanOperator(BaseOperator):
             state.event(
                 "plan.diff", **diff.model_dump(), attempts=outcome.attempts, rejected=outcome.rejected
             )
-        for usage in outcome.usage:
-            state.usage.add_tokens(usage)
-            state.event(
-                "planner.usage",
-                prompt_tokens=usage.get("prompt_tokens", 0),
-                completion_tokens=usage.get("completion_tokens", 0),
-            )
+        _record_usage(state, outcome.usage)
         return outcome.plan
 
     def _replan_request(
-        self, state: SessionState, current: ValidatedPlan, params: Mapping[str, Any], tools: ToolRegistry
+        self,
+        state: SessionState,
+        current: ValidatedPlan,
+        planner_conf: Mapping[str, Any],
+        tools: ToolRegistry,
     ) -> PlanRequest:
         last = {r.node_id: r for r in state.history if r.revision == state.revision - 1}
         affected = affected_subgraph(current, statuses_of(last), state.failed, state.replan_requested)
@@ -162,13 +169,24 @@ class PlanOperator(BaseOperator):
             goal=state.goal,
             tools=tools,
             limits=self.limits,
-            conf=dict(params),
+            conf=dict(planner_conf),
             current_plan=Plan.model_validate(state.current_plan),
             locked=locked,
             failed_node=_trigger_node(state),
             last_error=state.last_error,
             affected=tuple(sorted(affected)),
             revision=state.revision,
+        )
+
+
+def _record_usage(state: SessionState, calls: list[dict[str, int]]) -> None:
+    """Token usage of each planner call, in the session's usage and as events."""
+    for usage in calls:
+        state.usage.add_tokens(usage)
+        state.event(
+            "planner.usage",
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
         )
 
 

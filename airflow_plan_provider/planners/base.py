@@ -104,11 +104,15 @@ def plan_with_repairs(
     rejected: list[list[dict[str, Any]]] = []
     current = request
     for attempt in range(1, repair_attempts + 2):
-        reply = as_reply(planner.plan(current))
+        try:
+            reply = as_reply(planner.plan(current))
+        except PlanningError as error:
+            error.usage = usage + error.usage
+            raise
         if reply.usage:
             usage.append(dict(reply.usage))
         if reply.plan is None:
-            raise PlanningError("the planner returned no plan", reason="no_plan")
+            raise PlanningError("the planner returned no plan", reason="no_plan", usage=usage)
         try:
             return PlanningOutcome(finish(reply.plan), attempt, usage, rejected)
         except PlanValidationError as error:
@@ -118,6 +122,7 @@ def plan_with_repairs(
                     f"no valid plan after {attempt} attempt(s) ({repair_attempts} repair(s))",
                     error.problems,
                     reason="invalid_plan",
+                    usage=usage,
                 ) from error
             current = replace(request, previous_reply=_reply_text(reply.plan), problems=tuple(error.problems))
     raise AssertionError("unreachable")

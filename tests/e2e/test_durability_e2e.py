@@ -321,18 +321,24 @@ class TestCrashAndClear:
             {"dry_run": True, "task_ids": [marker("p2")], "only_failed": False, "include_downstream": True}
         )
 
-        # Open the gate, then clear exactly the failed node, its skipped descendants, finalize and replan
-        # in one call (two calls would race the scheduler: whichever half is cleared first runs at once).
+        # Open the gate, then do what a user does in the UI: clear the failed node with its downstream.
+        # That clears the whole next layer too, succeeded node r included; r's checkpoint (keyed by its
+        # idempotency key) makes it finish at once with its saved output, without calling its tool again.
         (log.folder / GATE).touch()
-        wanted = [marker("p2"), marker("q"), marker("s"), "finalize", "replan"]
-        body = {"dry_run": False, "task_ids": wanted, "only_failed": False, "include_downstream": False}
-        assert {(task_id, index) for task_id, index, _state in cleared(body)} == {
+        body = {
+            "dry_run": False,
+            "task_ids": [marker("p2")],
+            "only_failed": False,
+            "include_downstream": True,
+        }
+        cleared_now = {(task_id, index) for task_id, index, _state in cleared(body)}
+        assert {
             (p2["task_id"], p2["map_index"]),
             (q["task_id"], q["map_index"]),
+            (r["task_id"], r["map_index"]),
             (s["task_id"], s["map_index"]),
             ("finalize", -1),
-            ("replan", -1),
-        }
+        } <= cleared_now
         assert cluster.wait_for_run(CLEAR_DAG, run_id, timeout=RUN_TIMEOUT) == "success"
         after = node_tis(cluster, CLEAR_DAG, run_id)
         assert {n: ti["state"] for n, ti in after.items()} == dict.fromkeys(tis, "success")
@@ -344,7 +350,8 @@ class TestCrashAndClear:
             "r": 1,
             "s": 1,
         }
-        assert {n: ti["try_number"] for n, ti in after.items()} == {"p1": 1, "p2": 2, "q": 2, "r": 1, "s": 2}
+        r_record = cluster.xcom(CLEAR_DAG, run_id, r["task_id"], key="node", map_index=r["map_index"])
+        assert r_record["checkpoint"] is True and r_record["status"] == "success"
         assert task_instance(cluster, CLEAR_DAG, run_id, "finalize")["state"] == "success"
         record = cluster.xcom(CLEAR_DAG, run_id, p2["task_id"], key="node", map_index=p2["map_index"])
         assert (record["status"], record["output"], record["attempts"]) == ("success", 7, 2)
