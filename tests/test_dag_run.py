@@ -7,28 +7,10 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan
 from tests.airflow_support import run_dag, task_states, xcom
 
 pytestmark = pytest.mark.airflow
-
-
-def seed_plan(optional_4_to_5: bool = False) -> dict:
-    nodes = [
-        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
-        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
-        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
-        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
-        {
-            "id": "5",
-            "action": "correlate latency",
-            "tool": "analyze",
-            "params": {"latency": "${1}", "logs": "${4}"},
-        },
-        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
-    ]
-    edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": optional_4_to_5}]
-    edges.append({"from": "5", "to": "6"})
-    return {"goal": "find why the payment API got slow yesterday", "nodes": nodes, "edges": edges}
 
 
 def seed_tools(log: CallLog, **overrides: dict) -> list[ScriptedTool]:

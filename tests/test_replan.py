@@ -8,8 +8,9 @@ from itertools import pairwise
 import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan, seed_revision
 from tests.airflow_support import run_chain, task_states, xcom
-from tests.test_dag_run import seed_plan, seed_tools
+from tests.test_dag_run import seed_tools
 
 pytestmark = pytest.mark.airflow
 
@@ -36,18 +37,7 @@ def linear(*steps: tuple[str, str], goal: str = "linear goal") -> dict:
 def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     log = CallLog(tmp_path)
     tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
-    revised = {
-        "nodes": [
-            {
-                "id": "5",
-                "action": "correlate latency with dependency health",
-                "tool": "analyze",
-                "params": {"latency": "${1}", "health": "${2}"},
-            },
-            seed_plan()["nodes"][5],
-        ],
-        "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
-    }
+    revised = seed_revision()
     planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", revised)])
     runs = run_chain(build("seed_replan", planner, tools), {"goal": "find why the payment API got slow"})
 

@@ -42,3 +42,14 @@ def pull_node_record(ti: Any, plan: ValidatedPlan, node_id: str) -> dict[str, An
     index = plan.layers[layer].index(node_id)
     record = ti.xcom_pull(task_ids=layer_task_id(layer), key=NODE_KEY, map_indexes=index)
     return record if isinstance(record, dict) else None
+
+
+def pull_layer_records(ti: Any, plan: ValidatedPlan) -> dict[str, dict[str, Any]]:
+    """Every node record of the run, node id → record: one XCom request per layer task."""
+    records: dict[str, dict[str, Any]] = {}
+    for index in range(len(plan.layers)):
+        values = ti.xcom_pull(task_ids=layer_task_id(index), key=NODE_KEY)  # all map indexes
+        for value in values if isinstance(values, list) else [values]:
+            if isinstance(value, dict) and "node_id" in value:
+                records[value["node_id"]] = value
+    return records

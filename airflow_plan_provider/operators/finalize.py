@@ -14,7 +14,7 @@ from airflow_plan_provider.operators._xcom import (
     REPLAN_CONF_KEY,
     REPLAN_TASK,
     RESULT_KEY,
-    pull_node_record,
+    pull_layer_records,
     pull_plan,
     pull_session,
 )
@@ -30,8 +30,9 @@ def collect_records(
 ) -> tuple[dict[str, NodeRecord], dict[str, Any]]:
     records: dict[str, NodeRecord] = {}
     outputs: dict[str, Any] = {}
+    reported = pull_layer_records(ti, plan)
     for node in plan.nodes:
-        raw = pull_node_record(ti, plan, node.id)
+        raw = reported.get(node.id)
         if raw is None:
             raw = {
                 "node_id": node.id,

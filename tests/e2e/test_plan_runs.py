@@ -19,6 +19,7 @@ import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
+from airflow_plan_provider.testing.seed import seed_plan
 from airflow_plan_provider.testing.sessions import node_states, session_result
 
 pytestmark = pytest.mark.e2e
@@ -237,22 +238,3 @@ def test_transient_failure_is_retried_by_airflow(env: Env) -> None:
     record = cluster.xcom(dag_id, run_id, "layer_0", key="node", map_index=0)
     assert (record["status"], record["attempts"]) == ("success", 2)
     assert "transient failure 1" in cluster.task_log(dag_id, run_id, "layer_0", try_number=1, map_index=0)
-
-
-def seed_plan() -> dict[str, Any]:
-    """The scripted DAGs' seed plan (the same as ``seed_plan`` in dags/scripted_plan_dags.py)."""
-    nodes = [
-        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
-        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
-        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
-        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
-        {
-            "id": "5",
-            "action": "correlate latency",
-            "tool": "analyze",
-            "params": {"latency": "${1}", "logs": "${4}"},
-        },
-        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
-    ]
-    edges = [{"from": n, "to": "5"} for n in "1234"] + [{"from": "5", "to": "6"}]
-    return {"goal": "find why the payment API got slow yesterday", "nodes": nodes, "edges": edges}

@@ -15,53 +15,17 @@ from typing import Any
 
 from airflow_plan_provider import build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan, seed_revision
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
 POOL = "plan_e2e_pool"
 NAP_SECONDS = 2.0
 INDEPENDENT_NODES = 8
-GOAL = "find why the payment API got slow yesterday"
 
 
 def call_log(dag_id: str) -> CallLog:
     root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
     return CallLog(Path(root) / dag_id)
-
-
-def seed_plan() -> dict[str, Any]:
-    """Four independent queries, a correlation of three of them (4 optional), a report."""
-    nodes = [
-        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
-        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
-        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
-        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
-        {
-            "id": "5",
-            "action": "correlate latency",
-            "tool": "analyze",
-            "params": {"latency": "${1}", "logs": "${4}"},
-        },
-        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
-    ]
-    edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": False}]
-    edges.append({"from": "5", "to": "6"})
-    return {"goal": GOAL, "nodes": nodes, "edges": edges}
-
-
-def seed_revision() -> dict[str, Any]:
-    """The replacement after node 3 found no deploys: node 5 correlates with dependency health."""
-    return {
-        "nodes": [
-            {
-                "id": "5",
-                "action": "correlate latency with dependency health",
-                "tool": "analyze",
-                "params": {"latency": "${1}", "health": "${2}"},
-            },
-            seed_plan()["nodes"][5],
-        ],
-        "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
-    }
 
 
 def independent_plan(count: int = INDEPENDENT_NODES) -> dict[str, Any]:

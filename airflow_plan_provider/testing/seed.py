@@ -1,0 +1,48 @@
+"""The seed scenario as a scripted plan: "find why the payment API got slow yesterday and write a report".
+
+Nodes 1-4 query independently (latency, dependency health, deploys, error logs), 5 correlates (after
+1-4), 6 writes the report (after 5): layers ``[1, 2, 3, 4] → [5] → [6]``. The tool names match
+:func:`seed_tools`-style scripted tools, not the demo's real tools (see ``airflow_plan_provider.example``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SEED_GOAL = "find why the payment API got slow yesterday"
+
+
+def seed_plan(optional_4_to_5: bool = False, goal: str = SEED_GOAL) -> dict[str, Any]:
+    nodes = [
+        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
+        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
+        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
+        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
+        {
+            "id": "5",
+            "action": "correlate latency",
+            "tool": "analyze",
+            "params": {"latency": "${1}", "logs": "${4}"},
+        },
+        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
+    ]
+    edges = [{"from": n, "to": "5"} for n in "123"] + [{"from": "4", "to": "5", "optional": optional_4_to_5}]
+    edges.append({"from": "5", "to": "6"})
+    return {"goal": goal, "nodes": nodes, "edges": edges}
+
+
+def seed_revision() -> dict[str, Any]:
+    """The replacement subgraph after node 3 found no deploys: node 5 correlates with dependency health,
+    node 6 is unchanged (so the plan diff is revised ["5"])."""
+    return {
+        "nodes": [
+            {
+                "id": "5",
+                "action": "correlate latency with dependency health",
+                "tool": "analyze",
+                "params": {"latency": "${1}", "health": "${2}"},
+            },
+            seed_plan()["nodes"][5],
+        ],
+        "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
+    }
