@@ -44,6 +44,7 @@ from _planbench import (
 )
 
 from airflow_plan_provider.testing.scripted import CallLog, ScriptedTool
+from airflow_plan_provider.testing.seed import seed_plan
 from airflow_plan_provider.tools.registry import ToolContext
 
 PLAN_DAG = "bench_seed_plan"
@@ -58,23 +59,7 @@ TOOLS = {  # node → tool
     "5": "analyze",
     "6": "report",
 }
-SEED_PLAN = {
-    "goal": "find why the payment API got slow yesterday",
-    "nodes": [
-        {"id": "1", "action": "query latency metrics", "tool": "query_metrics", "params": {}},
-        {"id": "2", "action": "query dependency health", "tool": "query_service_health", "params": {}},
-        {"id": "3", "action": "query deploy records", "tool": "query_deploys", "params": {}},
-        {"id": "4", "action": "query error logs", "tool": "query_error_logs", "params": {}},
-        {
-            "id": "5",
-            "action": "correlate latency",
-            "tool": "analyze",
-            "params": {"latency": "${1}", "logs": "${4}"},
-        },
-        {"id": "6", "action": "write the report", "tool": "report", "params": {"finding": "${5}"}},
-    ],
-    "edges": [{"from": n, "to": "5"} for n in "1234"] + [{"from": "5", "to": "6"}],
-}
+SEED_PLAN = seed_plan()
 
 
 def plan_dag_source(calls_folder: Path, sleep: float) -> str:

@@ -6,27 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan, seed_tools
 from tests.airflow_support import run_dag, task_states, xcom
 
 pytestmark = pytest.mark.airflow
-
-
-def seed_tools(log: CallLog, **overrides: dict) -> list[ScriptedTool]:
-    spec = {
-        "query_metrics": {"returns": {"p99": 870}},
-        "query_service_health": {"returns": {"fraud-check": "degraded"}},
-        "query_deploys": {"returns": []},
-        "query_error_logs": {"returns": {"timeouts": 412}},
-        "analyze": {
-            "returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}
-        },
-        "report": {"returns": lambda params: {"report": params["finding"]}},
-    }
-    for name, change in overrides.items():
-        spec[name] = {**spec[name], **change}
-    return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]
 
 
 def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):

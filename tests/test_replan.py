@@ -8,9 +8,8 @@ from itertools import pairwise
 import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision
+from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 from tests.airflow_support import run_chain, task_states, xcom
-from tests.test_dag_run import seed_tools
 
 pytestmark = pytest.mark.airflow
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_plan_provider.testing.scripted import CallLog, ScriptedTool
+
 SEED_GOAL = "find why the payment API got slow yesterday"
 
 
@@ -46,3 +48,21 @@ def seed_revision() -> dict[str, Any]:
         ],
         "edges": [{"from": "1", "to": "5"}, {"from": "2", "to": "5"}, {"from": "5", "to": "6"}],
     }
+
+
+def seed_tools(log: CallLog, **overrides: dict[str, Any]) -> list[ScriptedTool]:
+    """Scripted tools for :func:`seed_plan`; ``overrides`` change one tool's behaviour, e.g.
+    ``seed_tools(log, query_deploys={"permanent": "403"})``."""
+    spec: dict[str, dict[str, Any]] = {
+        "query_metrics": {"returns": {"p99": 870}},
+        "query_service_health": {"returns": {"fraud-check": "degraded"}},
+        "query_deploys": {"returns": []},
+        "query_error_logs": {"returns": {"timeouts": 412}},
+        "analyze": {
+            "returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}
+        },
+        "report": {"returns": lambda params: {"report": params["finding"]}},
+    }
+    for name, change in overrides.items():
+        spec[name] = {**spec[name], **change}
+    return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow_plan_provider import build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision
+from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
 POOL = "plan_e2e_pool"
@@ -31,22 +31,6 @@ def call_log(dag_id: str) -> CallLog:
 def independent_plan(count: int = INDEPENDENT_NODES) -> dict[str, Any]:
     nodes = [{"id": f"n{i}", "action": f"nap {i}", "tool": "nap", "params": {}} for i in range(count)]
     return {"goal": "nap in parallel", "nodes": nodes, "edges": []}
-
-
-def seed_tools(log: CallLog, **overrides: dict[str, Any]) -> list[ScriptedTool]:
-    spec: dict[str, dict[str, Any]] = {
-        "query_metrics": {"returns": {"p99": 870}},
-        "query_service_health": {"returns": {"fraud-check": "degraded"}},
-        "query_deploys": {"returns": []},
-        "query_error_logs": {"returns": {"timeouts": 412}},
-        "analyze": {
-            "returns": lambda params: {"inputs": sorted(k for k, v in params.items() if v is not None)}
-        },
-        "report": {"returns": lambda params: {"report": params["finding"]}},
-    }
-    for name, change in overrides.items():
-        spec[name] = {**spec[name], **change}
-    return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]
 
 
 COMMON: dict[str, Any] = {
