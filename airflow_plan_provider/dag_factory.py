@@ -19,6 +19,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, TriggerRule
 
 from airflow_plan_provider.operators._xcom import (
+    EAGER_TASK,
     FINALIZE_TASK,
     PLAN_TASK,
     REPLAN_TASK,
@@ -75,6 +76,7 @@ def build_plan_dag(
     artifact_store: str | None = None,
     artifact_threshold: int = 64 * 1024,
     checkpoints: bool = True,
+    eager: bool = False,
     goal: str = "",
     schedule: Any = None,
     params: Mapping[str, Any] | None = None,
@@ -84,6 +86,8 @@ def build_plan_dag(
 
     ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
     ``max_active_nodes`` caps the nodes running at once in one run; ``pool`` shares a cap across runs.
+    ``eager=True`` maps every node in one task ``nodes`` instead of one task per layer: a node starts
+    as soon as its own parents finish (waiting deferred on the triggerer), with no layer barrier.
     Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
     a folder under AIRFLOW_HOME) and XCom carries a reference.
     """
@@ -113,6 +117,7 @@ def build_plan_dag(
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         plan = PlanOperator(
             task_id=PLAN_TASK,
+            eager=eager,
             planner=planner,
             tools=tools,
             repair_attempts=repair_attempts,
@@ -120,7 +125,12 @@ def build_plan_dag(
         )
         previous: Any = plan
         layers: list[Any] = []
-        for index in range(max_layers):
+        if eager:
+            previous = PlanNodeOperator.partial(task_id=EAGER_TASK, **node_kwargs).expand(
+                plan_node=plan.output
+            )
+            plan >> previous
+        for index in range(0 if eager else max_layers):
             if index == 0:
                 source = plan.output
             else:

@@ -111,3 +111,4 @@ def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
     assert limited.action is RetryAction.RETRY and limited.retry_delay == timedelta(seconds=42)
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
     assert policy.evaluate(PermanentToolError("403"), 1, 3).action is RetryAction.FAIL
+

@@ -30,7 +30,7 @@ def collect_records(
 ) -> tuple[dict[str, NodeRecord], dict[str, Any]]:
     records: dict[str, NodeRecord] = {}
     outputs: dict[str, Any] = {}
-    reported = pull_layer_records(ti, plan)
+    reported = pull_layer_records(ti, plan, state.eager)
     for node in plan.nodes:
         raw = reported.get(node.id)
         if raw is None:

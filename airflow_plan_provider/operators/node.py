@@ -13,7 +13,13 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
-from airflow_plan_provider.operators._xcom import NODE_KEY, pull_node_record, pull_plan, pull_session
+from airflow_plan_provider.operators._xcom import (
+    NODE_KEY,
+    node_location,
+    pull_node_record,
+    pull_plan,
+    pull_session,
+)
 from airflow_plan_provider.plan.budgets import step_allowed
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
@@ -23,6 +29,7 @@ from airflow_plan_provider.plan.state import NodeStatus, decide
 from airflow_plan_provider.tools.jobs import callable_path
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.job import ToolJobTrigger
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finished_states
 
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
@@ -108,7 +115,9 @@ class PlanNodeOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         run = self._start(context)
         ti, plan, node, state = run.ti, run.plan, run.node, run.state
-        parents = {p: pull_node_record(ti, plan, p) for p in plan.parents[node.id]}
+        parents = {p: pull_node_record(ti, plan, p, state.eager) for p in plan.parents[node.id]}
+        if state.eager:
+            self._wait_for_parents(ti, plan, [p for p, r in parents.items() if r is None])
         statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
         decision = decide(plan, node.id, statuses, moot)
@@ -193,6 +202,28 @@ class PlanNodeOperator(BaseOperator):
         if tool.is_async:
             self._defer_to_job(run, tool, ctx, output)
         self._succeed(run, ctx, output)
+
+    def _wait_for_parents(self, ti: Any, plan: ValidatedPlan, unreported: list[str]) -> None:
+        """Eager mode: defer until every parent that has not reported yet has finished."""
+        if not unreported:
+            return
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        indexes = [node_location(plan, p, eager=True)[1] for p in unreported]
+        states = RuntimeTaskInstance.get_task_states(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id]
+        )
+        if finished_states(states, ti.run_id, ti.task_id, indexes):
+            return
+        self.defer(
+            trigger=ParentsFinishedTrigger(
+                dag_id=ti.dag_id, run_id=ti.run_id, node_task_id=ti.task_id, map_indexes=indexes
+            ),
+            method_name="resume_after_parents",
+        )
+
+    def resume_after_parents(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
+        self.execute(context)
 
     def _succeed(self, run: NodeRun, ctx: ToolContext, output: Any, **fields: Any) -> None:
         try:

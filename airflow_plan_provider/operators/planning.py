@@ -9,7 +9,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
-from airflow_plan_provider.operators._xcom import PLAN_KEY, PLANNING_ERROR_KEY, SESSION_KEY
+from airflow_plan_provider.operators._xcom import PLAN_KEY, PLANNING_ERROR_KEY, SESSION_KEY, eager_order
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.replan import merge_replan, plan_diff
@@ -40,9 +40,11 @@ class PlanOperator(BaseOperator):
         tools: ToolRegistry | str | None = None,
         limits: Limits | None = None,
         repair_attempts: int = 2,
+        eager: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.eager = eager
         self.planner = planner
         self.tools = tools
         self.limits = limits or Limits()
@@ -84,7 +86,7 @@ class PlanOperator(BaseOperator):
         )
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
-        return plan.layers[0]
+        return eager_order(plan) if self.eager else plan.layers[0]
 
     def _session(self, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str) -> SessionState:
         if conf.get("session"):
@@ -98,6 +100,7 @@ class PlanOperator(BaseOperator):
             )
             state = SessionState(goal=str(params.get("goal") or ""), root_run_id=run_id, budgets=budgets)
         state.run_ids.append(run_id)
+        state.eager = self.eager
         return state
 
     def _plan(

@@ -42,6 +42,7 @@ class SessionState(BaseModel):
     events: list[Event] = Field(default_factory=list)
     # set by the planning step of this run
     current_plan: dict[str, Any] | None = None
+    eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
     # set when a run ends by asking for a replan
     failed: list[str] = Field(default_factory=list)

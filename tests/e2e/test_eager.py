@@ -1,0 +1,74 @@
+"""Eager mode on a real scheduler: nodes start when their own parents finish; failures stay contained."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.testing import CallLog
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.sessions import node_states, session_result
+
+pytestmark = pytest.mark.e2e
+
+DAG_FILE = Path(__file__).parent / "dags" / "eager_dags.py"
+DAGS = ("e2e_eager_unbalanced", "e2e_eager_seed_failure")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, Path]]:
+    base = tmp_path_factory.mktemp("eager")
+    (base / "dags").mkdir()
+    shutil.copy(DAG_FILE, base / "dags")
+    calls = base / "calls"
+    with AirflowCluster(base / "dags", env={"PLAN_E2E_CALL_LOG": str(calls)}) as running:
+        for dag_id in DAGS:
+            running.wait_for_dag(dag_id, timeout=180)
+            running.unpause(dag_id)
+        yield running, calls
+
+
+def times(log: CallLog, node: str) -> dict[str, float]:
+    entries = [e for e in log._read(log.path) if e["node"] == node]
+    return {e["event"]: e["t"] for e in entries}
+
+
+def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster, Path]) -> None:
+    airflow, calls = cluster
+    run_id = airflow.trigger("e2e_eager_unbalanced", {"goal": "unbalanced"})
+    assert airflow.wait_for_run("e2e_eager_unbalanced", run_id, timeout=300) == "success"
+    log = CallLog(calls / "e2e_eager_unbalanced")
+    a, c, d = times(log, "a"), times(log, "c"), times(log, "d")
+    assert c["start"] < a["end"]  # c (layer 1) did not wait for a (layer 0): no barrier
+    assert d["start"] >= a["end"] and d["start"] >= c["end"]  # d waited for both of its parents
+    assert {n: log.count(node=n) for n in "abcd"} == dict.fromkeys("abcd", 1)
+    result = session_result(airflow, "e2e_eager_unbalanced", run_id)
+    assert result is not None and result["status"] == "completed"
+    assert result["outputs"] == {"a": "slow", "b": "q", "c": "q", "d": "q"}
+
+
+def test_failures_stay_contained_in_eager_mode(cluster: tuple[AirflowCluster, Path]) -> None:
+    airflow, calls = cluster
+    run_id = airflow.trigger("e2e_eager_seed_failure", {"goal": "seed"})
+    assert airflow.wait_for_run("e2e_eager_seed_failure", run_id, timeout=300) == "failed"
+    states: dict[str, Any] = {}
+    for ti in airflow.task_instances("e2e_eager_seed_failure", run_id):
+        if ti["task_id"] == "nodes" and ti["map_index"] >= 0:
+            states[(ti.get("rendered_map_index") or "").split(" · ")[0]] = ti["state"]
+    assert states == {
+        "1": "success",
+        "2": "success",
+        "3": "failed",
+        "4": "success",
+        "5": "skipped",
+        "6": "skipped",
+    }
+    assert node_states(airflow, "e2e_eager_seed_failure", run_id) == {}  # no layer tasks in eager mode
+    result = session_result(airflow, "e2e_eager_seed_failure", run_id)
+    assert result is not None and (result["status"], result["reason"]) == ("failed", "node_failed")
+    log = CallLog(calls / "e2e_eager_seed_failure")
+    assert log.count("analyze") == 0 and log.count("query_deploys") == 1
