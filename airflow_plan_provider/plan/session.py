@@ -117,30 +117,18 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
         [f"node {n} failed: {records[n].error}" for n in failed]
         + [f"node {n} requested a replan: {records[n].error}" for n in moot]
     )
+
+    def give_up(reason: str, message: str) -> Conclusion:
+        return Conclusion(
+            kind="give_up", reason=reason, message=message, failed=failed, replan_requested=moot
+        )
+
     if budgets.max_replans == 0:
-        return Conclusion(
-            kind="give_up",
-            reason="node_failed" if failed else "replan_budget",
-            message=what,
-            failed=failed,
-            replan_requested=moot,
-        )
+        return give_up("node_failed" if failed else "replan_budget", what)
     if usage.replans >= budgets.max_replans:
-        return Conclusion(
-            kind="give_up",
-            reason="replan_budget",
-            message=f"{usage.replans} replan(s) used of {budgets.max_replans}; {what}",
-            failed=failed,
-            replan_requested=moot,
-        )
+        return give_up("replan_budget", f"{usage.replans} replan(s) used of {budgets.max_replans}; {what}")
     if usage.steps >= budgets.max_steps:
-        return Conclusion(
-            kind="give_up",
-            reason="step_budget",
-            message=f"step budget of {budgets.max_steps} spent; {what}",
-            failed=failed,
-            replan_requested=moot,
-        )
+        return give_up("step_budget", f"step budget of {budgets.max_steps} spent; {what}")
     return Conclusion(
         kind="replan",
         reason="node_failed" if failed else "replan_requested",
