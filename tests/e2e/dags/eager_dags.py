@@ -33,7 +33,7 @@ e2e_eager_unbalanced = build_plan_dag(
     "e2e_eager_unbalanced",
     planner=ScriptedPlanner(UNBALANCED),
     tools=scripted_registry(
-        ScriptedTool("slow", log=_log, returns="slow", sleep=8),
+        ScriptedTool("slow", log=_log, returns="slow", sleep=20),
         ScriptedTool("quick", log=_log, returns="q", sleep=1),
     ),
     eager=True,
