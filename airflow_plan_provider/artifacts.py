@@ -24,6 +24,15 @@ def default_store_url() -> str:
     return f"file://{os.path.join(home, 'plan_artifacts')}"
 
 
+def _base(base_url: str | None) -> str:
+    return (base_url or default_store_url()).rstrip("/")
+
+
+def _file_name(key: str) -> str:
+    """An idempotency key as a file name (its slashes and colons replaced)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+
+
 def is_reference(value: Any) -> bool:
     return isinstance(value, dict) and value.get(MARKER) == 1 and "uri" in value
 
@@ -40,8 +49,7 @@ def store(output: Any, *, key: str, base_url: str | None = None, threshold: int 
     if len(data) <= threshold:
         return output
     digest = hashlib.sha256(data).hexdigest()
-    safe_key = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-    uri = f"{(base_url or default_store_url()).rstrip('/')}/{safe_key}-{digest[:16]}.json"
+    uri = f"{_base(base_url)}/{_file_name(key)}-{digest[:16]}.json"
     path = _path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -60,8 +68,7 @@ def load(value: Any) -> Any:
 
 
 def _checkpoint_path(key: str, base_url: str | None) -> Any:
-    safe_key = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
-    return _path(f"{(base_url or default_store_url()).rstrip('/')}/checkpoints/{safe_key}.json")
+    return _path(f"{_base(base_url)}/checkpoints/{_file_name(key)}.json")
 
 
 def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = None) -> None:

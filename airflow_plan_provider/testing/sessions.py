@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_plan_provider.operators._xcom import EAGER_TASK
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 
 
@@ -22,10 +23,12 @@ def session_result(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[st
 
 
 def node_states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
-    """Plan node id → Airflow task state, for the layer tasks of one run (read from each node's label)."""
+    """Plan node id → Airflow task state, for the node tasks of one run (``layer_k``, or ``nodes`` in eager
+    mode), read from each node's label."""
     states: dict[str, str] = {}
     for ti in cluster.task_instances(dag_id, run_id):
-        if ti["task_id"].startswith("layer_") and ti["map_index"] >= 0:
+        is_node_task = ti["task_id"].startswith("layer_") or ti["task_id"] == EAGER_TASK
+        if is_node_task and ti["map_index"] >= 0:
             label = ti.get("rendered_map_index") or ""
             states[label.split(" · ")[0]] = ti["state"]
     return states
