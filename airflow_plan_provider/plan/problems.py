@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,3 +43,25 @@ class Problem:
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "nodes": list(self.nodes), "path": self.path}
+
+
+MAX_REPORTED_PROBLEMS = 20  # problems listed in messages, logs, XCom and repair prompts; the rest counted
+
+
+def capped(problems: Sequence[Problem], limit: int = MAX_REPORTED_PROBLEMS) -> tuple[list[Problem], int]:
+    """The first ``limit`` problems and how many were left out.
+
+    A plan with 20k bad nodes has 20k problems: every place that echoes problems (error messages, task
+    logs, XCom, the repair prompt sent back to the planner) shows the first ones and a count, never all.
+    """
+    shown = list(problems[:limit])
+    return shown, len(problems) - len(shown)
+
+
+def describe(problems: Sequence[Problem], limit: int = MAX_REPORTED_PROBLEMS) -> str:
+    """One line per problem (the first ``limit``), then ``... and N more problem(s)`` when some were cut."""
+    shown, more = capped(problems, limit)
+    lines = [f"  - {p}" for p in shown]
+    if more:
+        lines.append(f"  ... and {more} more problem(s)")
+    return "\n".join(lines)
