@@ -3,7 +3,10 @@
 ``AirflowCluster`` starts ``airflow scheduler``, ``airflow dag-processor``, ``airflow api-server`` and
 ``airflow triggerer`` as independent processes (each in its own session / process group) against a
 throw-away ``AIRFLOW_HOME`` with a SQLite metadata database and the ``LocalExecutor``, and drives them
-through the public REST API (``/api/v2``).
+through the public REST API (``/api/v2``). With ``database_url`` (PostgreSQL, e.g. a
+:class:`~airflow_plan_provider.testing.postgres.PostgresDatabase`), ``broker_url`` (Redis) and
+``celery_workers`` it runs the ``CeleryExecutor`` instead, with one ``airflow celery worker`` process per
+worker name; each worker reports its name as the Airflow hostname of the task instances it runs.
 
 This module deliberately does not import Airflow: everything goes through subprocesses and HTTP, using
 only the standard library, so importing it is cheap and it cannot pollute the test process's Airflow
@@ -16,6 +19,14 @@ Example::
         cluster.unpause("my_dag")
         run_id = cluster.trigger("my_dag", {"x": 1})
         assert cluster.wait_for_run("my_dag", run_id) == "success"
+
+    with PostgresDatabase() as db, AirflowCluster(
+        dags_folder,
+        database_url=db.url,
+        broker_url="redis://127.0.0.1:6379/0",
+        celery_workers=("worker-a", "worker-b"),
+    ) as cluster:
+        ...
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -35,14 +47,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPONENTS", "AirflowApiError", "AirflowCluster", "ClusterError"]
+__all__ = ["COMPONENTS", "AirflowApiError", "AirflowCluster", "ClusterError", "worker_hostname"]
 
-#: Long-running components, in start order.
+#: Long-running components, in start order (Celery workers, when configured, start after them).
 COMPONENTS: tuple[str, ...] = ("api-server", "dag-processor", "scheduler", "triggerer")
+
+#: Environment variable holding a Celery worker's name; ``worker_hostname`` returns it.
+WORKER_NAME_ENV = "PLAN_WORKER_NAME"
+_WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
@@ -78,6 +94,38 @@ class AirflowApiError(RuntimeError):
         self.url = url
         self.status = status
         self.body = body
+
+
+def worker_hostname() -> str:
+    """``[core] hostname_callable`` of the cluster's Celery workers: ``$PLAN_WORKER_NAME``, else the FQDN.
+
+    Airflow records this name as the ``hostname`` of every task instance the worker runs, so two workers
+    on one machine stay distinguishable.
+    """
+    return os.environ.get(WORKER_NAME_ENV) or socket.getfqdn()
+
+
+def _check_executor(
+    executor: str, workers: Sequence[str], database_url: str | None, broker_url: str | None
+) -> None:
+    """Reject a configuration Airflow would only refuse after start-up, naming the option at fault."""
+    if executor == "CeleryExecutor":
+        if not workers:
+            raise ValueError("the CeleryExecutor needs at least one name in celery_workers")
+        if not broker_url:
+            raise ValueError("the CeleryExecutor needs broker_url (e.g. redis://127.0.0.1:6379/0)")
+        if database_url is None or database_url.startswith("sqlite"):
+            raise ValueError("the CeleryExecutor needs a database_url other than SQLite (e.g. PostgreSQL)")
+    elif workers:
+        raise ValueError(f"celery_workers {list(workers)} need the CeleryExecutor, not {executor}")
+    if len(set(workers)) != len(workers):
+        raise ValueError(f"celery_workers must be distinct: {list(workers)}")
+    for name in workers:
+        if name in COMPONENTS or not _WORKER_NAME.fullmatch(name):
+            raise ValueError(
+                f"celery worker name {name!r} must be letters, digits, '_', '.' or '-' "
+                f"and not one of {COMPONENTS}"
+            )
 
 
 def _free_port() -> int:
@@ -228,6 +276,17 @@ class AirflowCluster:
     :param startup_timeout: seconds ``start()`` waits for the API server to answer.
     :param keep_home: keep a temporary home after ``stop()`` (for debugging). An explicit ``home`` is
         never removed.
+    :param port: the API server's port on 127.0.0.1; a free one if omitted.
+    :param database_url: SQLAlchemy URL of the metadata database; a SQLite file in ``home`` if omitted.
+        The async URL Airflow derives from it needs the matching driver (``asyncpg`` for PostgreSQL).
+    :param executor: ``[core] executor``; ``CeleryExecutor`` when ``celery_workers`` are given, else
+        ``LocalExecutor``.
+    :param broker_url: Celery broker (e.g. ``redis://127.0.0.1:6379/0``); required by the CeleryExecutor.
+        The cluster sends its tasks to a queue of its own, so clusters can share one broker.
+    :param result_backend: Celery result backend; ``db+<database_url>`` if omitted.
+    :param celery_workers: names of the ``airflow celery worker`` processes to start; each is also the
+        worker's component name (``kill("worker-a")``) and the ``hostname`` of the task instances it runs.
+    :param worker_concurrency: task slots of each Celery worker.
 
     Inherited ``AIRFLOW__*``/``AIRFLOW_HOME``/``AIRFLOW_CONFIG`` variables of the calling process are
     dropped so the cluster is isolated from the developer's / CI's Airflow configuration.
@@ -242,7 +301,17 @@ class AirflowCluster:
         parallelism: int = 8,
         startup_timeout: float = 120.0,
         keep_home: bool = False,
+        port: int | None = None,
+        database_url: str | None = None,
+        executor: str | None = None,
+        broker_url: str | None = None,
+        result_backend: str | None = None,
+        celery_workers: Sequence[str] = (),
+        worker_concurrency: int = 4,
     ) -> None:
+        self.workers = tuple(celery_workers)
+        self.executor = executor or ("CeleryExecutor" if self.workers else "LocalExecutor")
+        _check_executor(self.executor, self.workers, database_url, broker_url)
         self.dags_folder = Path(dags_folder).resolve()
         self._own_home = home is None
         self.home = Path(tempfile.mkdtemp(prefix="airflow-e2e-")) if home is None else Path(home).resolve()
@@ -252,7 +321,13 @@ class AirflowCluster:
         self.keep_home = keep_home
         self.startup_timeout = startup_timeout
         self.parallelism = parallelism
-        self.port = _free_port()
+        self.port = port or _free_port()
+        self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
+        self.broker_url = broker_url
+        self.result_backend = result_backend or f"db+{self.database_url}"
+        self.worker_concurrency = worker_concurrency
+        # A queue of its own: clusters sharing a broker never take each other's tasks.
+        self.queue = f"plan-e2e-{secrets.token_hex(4)}"
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_handles: dict[str, Any] = {}
@@ -274,8 +349,8 @@ class AirflowCluster:
             "AIRFLOW_HOME": home,
             "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
             # --- core / db / executor
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -321,6 +396,13 @@ class AirflowCluster:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.log_dir),
             "PYTHONUNBUFFERED": "1",
         }
+        if self.executor == "CeleryExecutor":
+            cfg |= {
+                "AIRFLOW__CELERY__BROKER_URL": str(self.broker_url),
+                "AIRFLOW__CELERY__RESULT_BACKEND": self.result_backend,
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": self.queue,
+            }
         base.update(cfg)
         base.update({k: str(v) for k, v in extra.items()})
         return base
@@ -341,7 +423,7 @@ class AirflowCluster:
     def start(self) -> AirflowCluster:
         """Migrate the DB, start all components and wait until the API server answers."""
         self._migrate()
-        for component in COMPONENTS:
+        for component in self.components:
             self._spawn(component)
         self._wait_api_up(self.startup_timeout)
         return self
@@ -361,12 +443,42 @@ class AirflowCluster:
         if rc != 0:
             raise ClusterError(f"`airflow db migrate` exited {rc}\n{_tail(log, 60)}")
 
+    @property
+    def components(self) -> tuple[str, ...]:
+        """Every long-running component in start order: ``COMPONENTS``, then the Celery workers."""
+        return COMPONENTS + self.workers
+
     def _command(self, component: str) -> list[str]:
         if component == "api-server":
             return [*self._airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)]
         if component in COMPONENTS:
             return [*self._airflow, component]
-        raise ValueError(f"unknown component {component!r}; expected one of {COMPONENTS}")
+        if component in self.workers:
+            return [
+                *self._airflow,
+                "celery",
+                "worker",
+                # Unique among clusters sharing the broker (a duplicate node name makes a worker exit).
+                "--celery-hostname",
+                f"{component}@{self.queue}",
+                "--queues",
+                self.queue,
+                "--concurrency",
+                str(self.worker_concurrency),
+                "--pid",
+                str(self.home / f"{component}.pid"),
+                # Task logs are files in this home, read by the API server directly.
+                "--skip-serve-logs",
+            ]
+        raise ValueError(f"unknown component {component!r}; expected one of {self.components}")
+
+    def _component_env(self, component: str) -> dict[str, str]:
+        if component not in self.workers:
+            return self.env
+        return self.env | {
+            WORKER_NAME_ENV: component,
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.worker_hostname",
+        }
 
     def _spawn(self, component: str) -> subprocess.Popen[bytes]:
         cmd = self._command(component)
@@ -377,7 +489,7 @@ class AirflowCluster:
         fh.flush()
         proc = subprocess.Popen(
             cmd,
-            env=self.env,
+            env=self._component_env(component),
             cwd=self.home,
             stdout=fh,
             stderr=subprocess.STDOUT,
@@ -444,8 +556,22 @@ class AirflowCluster:
         deadline = time.monotonic() + timeout
         for component in list(self._procs):
             self._stop_component(component, deadline - time.monotonic(), signalled=True)
+        self._forget_queue()
         if self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME"):
             shutil.rmtree(self.home, ignore_errors=True)
+
+    def _forget_queue(self) -> None:
+        """Remove the keys kombu left in a Redis broker for this cluster's queue (best effort)."""
+        if self.executor != "CeleryExecutor" or not str(self.broker_url).startswith("redis"):
+            return
+        with contextlib.suppress(Exception):
+            import redis
+
+            client = redis.Redis.from_url(str(self.broker_url), socket_timeout=5)
+            keys = list(client.scan_iter(match=f"*{self.queue}*"))
+            if keys:
+                client.delete(*keys)
+            client.close()
 
     def kill(self, component: str) -> None:
         """SIGKILL ``component``'s whole process group/session (simulates a crash).
@@ -492,7 +618,7 @@ class AirflowCluster:
     def diagnostics(self, lines: int = 40) -> str:
         """Process states and the tail of each component's log."""
         out = [f"AIRFLOW_HOME={self.home} api={self.base_url}"]
-        for component in ("db-migrate", *COMPONENTS):
+        for component in ("db-migrate", *self.components):
             proc = self._procs.get(component)
             state = "" if proc is None else f" pid={proc.pid} returncode={proc.poll()}"
             out.append(f"----- {component}{state} (last {lines} lines of {self.log_path(component)})")

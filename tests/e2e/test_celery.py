@@ -1,0 +1,105 @@
+"""The example plan DAG on Airflow's CeleryExecutor: a fresh PostgreSQL metadata database, the local Redis
+as broker, scheduler / dag-processor / api-server / triggerer and two ``airflow celery worker`` processes
+with distinct hostnames, all driven through the REST API.
+
+PostgreSQL (127.0.0.1:5432, trust auth for ``postgres``) and Redis (127.0.0.1:6379) must be running;
+``.ci/run`` starts them. Outside CI the module is skipped when either is down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.postgres import PostgresDatabase
+from airflow_plan_provider.testing.sessions import session_result
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = "plan_and_execute"
+GOAL = "find why the payment API got slow yesterday and write a report"
+WORKERS = ("worker-a", "worker-b")
+BROKER = "redis://127.0.0.1:6379/5"
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowCluster]:
+    down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
+    if down and not os.environ.get("CI"):
+        pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
+    base = tmp_path_factory.mktemp("celery")
+    dags = base / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
+    extra = {"PLAN_REPORT_DIR": str(base / "reports"), "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite")}
+    t0 = time.monotonic()
+    with (
+        PostgresDatabase() as db,
+        AirflowCluster(
+            dags,
+            env=extra,
+            database_url=db.url,
+            broker_url=BROKER,
+            celery_workers=WORKERS,
+            # Two slots each: the four independent queries of the first layer cannot all fit on one.
+            worker_concurrency=2,
+        ) as running,
+    ):
+        running.wait_for_dag(EXAMPLE, timeout=180)
+        running.unpause(EXAMPLE)
+        print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
+        yield running
+
+
+def test_seed_session_runs_on_both_celery_workers(cluster: AirflowCluster) -> None:
+    t0 = time.monotonic()
+    root = cluster.trigger(EXAMPLE, {"goal": GOAL})
+    state = cluster.wait_for_run(EXAMPLE, root, timeout=300)
+    print(f"\n[e2e] {EXAMPLE} {root}: {state} in {time.monotonic() - t0:.1f}s")
+    assert state == "success", cluster.diagnostics()
+    child = f"{root}__replan_1"
+    runs = sorted(r["dag_run_id"] for r in cluster.list_runs(EXAMPLE))
+    assert runs == [root, child]
+
+    result = session_result(cluster, EXAMPLE, root)
+    assert result is not None
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    assert result["run_ids"] == [root, child]
+    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+
+    # Every task instance that ran went through this cluster's Celery queue to one of its workers, and
+    # Airflow recorded the worker's own name as its hostname.
+    tis = [(run_id, ti) for run_id in (root, child) for ti in cluster.task_instances(EXAMPLE, run_id)]
+    ran = [(run_id, ti) for run_id, ti in tis if ti["hostname"]]
+    assert {ti["state"] for _, ti in ran} == {"success", "skipped"}  # nodes 5 and 6 of the first plan
+    assert {ti["queue"] for _, ti in ran} == {cluster.queue}
+    assert {ti["hostname"] for _, ti in ran} <= set(WORKERS)
+
+    node_hosts = {
+        (run_id, ti["rendered_map_index"].split(" · ")[0]): ti["hostname"]
+        for run_id, ti in ran
+        if ti["task_id"].startswith("layer_") and ti["map_index"] >= 0 and ti["state"] == "success"
+    }
+    print(f"[e2e] node hosts: {sorted(node_hosts.items())}")
+    assert len(node_hosts) == 4 + 6  # the root run's queries, then the whole revised plan
+    assert set(node_hosts.values()) == set(WORKERS), node_hosts
+
+    # A node's record names the worker that ran it, where records carry a hostname.
+    for record in result["history"]:
+        key = (result["run_ids"][record["revision"]], record["node_id"])
+        if record.get("hostname") and key in node_hosts and not record.get("reused"):
+            assert record["hostname"] == node_hosts[key], record
