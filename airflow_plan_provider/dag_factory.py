@@ -4,6 +4,9 @@
 
     dag = build_plan_dag("incident_report", planner=my_planner, tools=my_tools)
 
+``tools`` is required: a :class:`ToolRegistry`, ``"module:attribute"``, the name of a registry installed
+under the ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for every installed registry.
+
 The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer, one instance per node)
 → ``finalize`` → ``replan`` (only runs when a replan is due). Layer 0 maps over the planning task's
 return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer k-1, so no
@@ -34,7 +37,13 @@ from airflow_plan_provider.operators.retry import ToolRetryPolicy
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
-from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.registry import (
+    ALL_INSTALLED,
+    Tool,
+    ToolRegistry,
+    installed_registries,
+    missing_tools_message,
+)
 
 MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
 
@@ -59,7 +68,7 @@ def build_plan_dag(
     dag_id: str,
     *,
     planner: Planner | None,
-    tools: ToolRegistry | str | None = None,
+    tools: ToolRegistry | Mapping[str, Tool] | str | None = None,
     max_layers: int = 6,
     max_nodes: int = 200,
     max_active_nodes: int = 5,
@@ -84,6 +93,12 @@ def build_plan_dag(
 ) -> DAG:
     """A DAG that plans ``goal`` with ``planner`` and runs the plan with ``tools``.
 
+    ``tools`` names the tools this DAG offers its planner and runs: a :class:`ToolRegistry` (or a
+    mapping of tools), ``"module:attribute"`` naming one, or the name of a registry installed under the
+    ``airflow_plan_provider.tools`` entry-point group. ``tools="*"`` is the explicit opt-in to every
+    installed registry. ``None`` raises ``ValueError``: installed registries are never offered to a
+    planner unless the DAG asks for them. A spec string is loaded in the worker; a registry is carried
+    by the tasks and serialized as its tool names and catalog digest (the same on every parse).
     ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
     ``max_active_nodes`` caps the nodes running at once in one run; ``pool`` shares a cap across runs.
     ``eager=True`` maps every node in one task ``nodes`` instead of one task per layer: a node starts
@@ -91,6 +106,7 @@ def build_plan_dag(
     Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
     a folder under AIRFLOW_HOME) and XCom carries a reference.
     """
+    tools = _tools_spec(tools)
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
@@ -159,3 +175,18 @@ def build_plan_dag(
         if replan:
             finalize >> ReplanOperator(task_id=REPLAN_TASK)
     return dag
+
+
+def _tools_spec(tools: ToolRegistry | Mapping[str, Tool] | str | None) -> ToolRegistry | str:
+    """What the tasks carry: a registry (stable ``repr``) or a spec string, checked at DAG build."""
+    if tools is None:
+        raise ValueError(missing_tools_message())
+    if isinstance(tools, ToolRegistry):
+        return tools
+    if isinstance(tools, Mapping):
+        return ToolRegistry(list(tools.values()))
+    if not isinstance(tools, str) or not tools.strip():
+        raise ValueError(f"tools must be a ToolRegistry or a non-empty spec string, not {tools!r}")
+    if tools != ALL_INSTALLED and ":" not in tools and tools not in installed_registries():
+        raise ValueError(f"no tool registry named {tools!r}; installed: {installed_registries()}")
+    return tools

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+STRUCTURE_ONLY = "airflow-plan: no --tools given: checked the plan's structure only, not its tools or params"
 
 SEED_PLAN: dict[str, Any] = {
     "goal": "find why checkout latency went up",
@@ -51,7 +54,7 @@ def summarize(text: str) -> str:
 
 
 def run_cli(
-    *args: str, stdin: str | None = None, cwd: Path | None = None
+    *args: str, stdin: str | None = None, cwd: Path | None = None, memory_limit: int | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -67,7 +70,19 @@ def run_cli(
         env=env,
         cwd=cwd or ROOT,
         timeout=60,
+        preexec_fn=None if memory_limit is None else lambda: _limit_memory(memory_limit),
     )
+
+
+def _limit_memory(limit: int) -> None:
+    # a CLI that reads an endless file would otherwise take the machine's memory before it fails
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def problems(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """stderr's problem lines, without the closing note that tools were not checked."""
+    lines = result.stderr.splitlines()
+    return lines[:-1] if lines and lines[-1] == STRUCTURE_ONLY else lines
 
 
 @pytest.fixture
@@ -87,7 +102,7 @@ def test_valid_plan_prints_layers(plan_file: Path) -> None:
     result = run_cli("validate", str(plan_file))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"layers": [["1", "2"], ["3"]]}
-    assert result.stderr == ""
+    assert result.stderr.splitlines() == [STRUCTURE_ONLY]
 
 
 def test_plan_from_stdin() -> None:
@@ -109,6 +124,7 @@ def test_invalid_plan_prints_one_line_per_problem(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         "duplicate_id: node id '1' is used 2 times [nodes: 1]",
         "dangling_edge: edge 1 -> 9 names unknown node(s) 9 [nodes: 9] at edges[0]",
+        STRUCTURE_ONLY,
     ]
 
 
@@ -132,6 +148,7 @@ def test_tools_from_module_attribute(plan_file: Path, tools_dir: Path) -> None:
     result = run_cli("validate", str(plan_file), "--tools", "my_tools:registry", cwd=tools_dir)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"layers": [["1", "2"], ["3"]]}
+    assert result.stderr == ""  # tools were checked: no note
 
 
 def test_tools_check_params_and_names(tools_dir: Path) -> None:
@@ -153,7 +170,7 @@ def test_tools_check_params_and_names(tools_dir: Path) -> None:
 def test_limits_are_applied(plan_file: Path) -> None:
     result = run_cli("validate", str(plan_file), "--max-nodes", "2", "--max-depth", "1")
     assert result.returncode == 1
-    codes = [line.split(":", 1)[0] for line in result.stderr.splitlines()]
+    codes = [line.split(":", 1)[0] for line in problems(result)]
     assert codes == ["too_many_nodes", "too_deep"]
     assert run_cli("validate", str(plan_file), "--max-nodes", "3", "--max-depth", "2").returncode == 0
 
@@ -202,3 +219,79 @@ def test_help_exits_0() -> None:
     result = run_cli("validate", "--help")
     assert result.returncode == 0
     assert "--max-depth" in result.stdout
+
+
+# --- untrusted input reaching the terminal, tool modules, input size ------------------------------
+
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\x9b\u202e\u2028\x7f\r"
+
+
+def _terminal_safe(text: str) -> bool:
+    """Nothing a terminal would act on: only printable characters and the line breaks between lines."""
+    return all(char == "\n" or char.isprintable() for char in text)
+
+
+def test_control_characters_from_the_plan_are_escaped(tmp_path: Path) -> None:
+    plan = {
+        f"extra{HOSTILE}": 1,
+        "nodes": [
+            {"id": f"a{HOSTILE}", "action": f"act{HOSTILE}", "tool": f"t{HOSTILE}"},
+            {"id": f"a{HOSTILE}", "action": "b", "tool": "t"},
+        ],
+        "edges": [{"from": f"a{HOSTILE}", "to": f"z{HOSTILE}"}],
+    }
+    path = tmp_path / f"plan{HOSTILE}.json"
+    path.write_text(json.dumps(plan))
+    result = run_cli("validate", str(path))
+    assert result.returncode == 1
+    assert _terminal_safe(result.stderr), [
+        (char, unicodedata.name(char, hex(ord(char)))) for char in result.stderr if not _terminal_safe(char)
+    ]
+    assert "\\x1b[2J" in result.stderr
+    assert "\\u202e" in result.stderr
+
+    missing = run_cli("validate", str(tmp_path / f"nope{HOSTILE}.json"))
+    assert missing.returncode == 2
+    assert _terminal_safe(missing.stderr)
+    assert "nope\\x1b[2J" in missing.stderr
+
+
+def test_tool_module_raising_on_import_is_one_line_and_exit_2(plan_file: Path, tmp_path: Path) -> None:
+    (tmp_path / "boom_tools.py").write_text(f"raise RuntimeError({'no database' + HOSTILE!r})\n")
+    result = run_cli("validate", str(plan_file), "--tools", "boom_tools:registry", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "airflow-plan: cannot load tools 'boom_tools:registry': tool module 'boom_tools' failed to import: "
+        "RuntimeError: no database\\x1b[2J\\x1b]0;owned\\x07\\x9b\\u202e\\u2028\\x7f\\r"
+    ]
+
+
+def test_endless_input_is_read_up_to_max_bytes() -> None:
+    # /dev/zero never ends: the CLI reads 16 MiB + 1 byte by chunks and stops, well inside 1 GiB
+    result = run_cli("validate", "/dev/zero", memory_limit=1024**3)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "airflow-plan: /dev/zero is larger than --max-bytes (16777216 bytes); not validated"
+    ]
+
+
+def test_max_bytes_bounds_stdin_and_files(tmp_path: Path) -> None:
+    text = json.dumps(SEED_PLAN)
+    exact = run_cli("validate", "-", "--max-bytes", str(len(text.encode())), stdin=text)
+    assert exact.returncode == 0, exact.stderr
+    over = run_cli("validate", "-", "--max-bytes", str(len(text.encode()) - 1), stdin=text)
+    assert over.returncode == 2
+    assert over.stderr.splitlines() == [
+        f"airflow-plan: stdin is larger than --max-bytes ({len(text.encode()) - 1} bytes); not validated"
+    ]
+
+
+def test_without_tools_only_structure_is_checked_and_said(tmp_path: Path) -> None:
+    plan = {"nodes": [{"id": "1", "action": "a", "tool": "no_such_tool", "params": {"x": 1}}]}
+    result = run_cli("validate", "-", stdin=json.dumps(plan))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"layers": [["1"]]}
+    assert result.stderr.splitlines() == [STRUCTURE_ONLY]

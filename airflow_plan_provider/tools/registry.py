@@ -10,11 +10,14 @@ Declare tools on a registry::
 The argument schema comes from the function's signature unless ``args`` names a pydantic model or a
 JSON Schema. A function that accepts a ``ctx`` keyword receives a :class:`ToolContext`.
 Teams ship tools in their own packages through the ``airflow_plan_provider.tools`` entry-point
-group (the entry point names a :class:`ToolRegistry`).
+group (the entry point names a :class:`ToolRegistry`). A DAG always names the tools it offers
+(:func:`load_tools`): a registry, ``"module:attribute"``, an entry-point name, or ``"*"`` to opt in to
+every installed registry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import json
@@ -28,6 +31,7 @@ import jsonschema
 from pydantic import BaseModel, create_model
 
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
+ALL_INSTALLED = "*"  # the explicit opt-in to every registry installed under ENTRY_POINT_GROUP
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,9 @@ class ToolContext:
 class Tool:
     name: str
     description: str
-    func: Callable[..., Any]
+    func: Callable[..., Any] = field(repr=False)  # a function's repr carries its memory address
     args_schema: dict[str, Any]
-    poll: Callable[..., Any] | None = None  # set for asynchronous tools (see tools.jobs)
+    poll: Callable[..., Any] | None = field(default=None, repr=False)  # asynchronous tools (tools.jobs)
     poll_interval: float = 5.0
     timeout: float | None = None
     wants_ctx: bool = field(init=False, default=False)
@@ -77,6 +81,15 @@ class Tool:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "args_schema": self.args_schema}
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What the tool offers, as JSON-able data that is the same in every process."""
+        return {
+            **self.describe(),
+            "async": self.is_async,
+            "poll_interval": self.poll_interval,
+            "timeout": self.timeout,
+        }
+
 
 def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
@@ -99,7 +112,12 @@ def args_schema_of(args: type[BaseModel] | Mapping[str, Any]) -> dict[str, Any]:
 
 
 class ToolRegistry(Mapping[str, Tool]):
-    """Tools by name; renders the catalog a planner is shown."""
+    """Tools by name; renders the catalog a planner is shown.
+
+    Its ``repr`` names the tools and a digest of their catalog entries, never a memory address: an
+    operator that carries a registry is serialized with it, and the serialized DAG must be the same on
+    every parse (otherwise each parse would make a new DAG version).
+    """
 
     def __init__(self, tools: list[Tool] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
@@ -156,6 +174,15 @@ class ToolRegistry(Mapping[str, Tool]):
 
         return register(func) if func is not None else register
 
+    def __repr__(self) -> str:
+        return f"ToolRegistry(tools={sorted(self._tools)!r}, catalog_sha256={self.digest()[:16]!r})"
+
+    def digest(self) -> str:
+        """SHA-256 of every tool's name, description, argument schema and job settings."""
+        entries = [self._tools[name].fingerprint() for name in sorted(self._tools)]
+        text = json.dumps(entries, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
     def catalog(self) -> list[dict[str, Any]]:
         return [self._tools[name].describe() for name in sorted(self._tools)]
 
@@ -168,27 +195,67 @@ class ToolRegistry(Mapping[str, Tool]):
         return "\n".join(parts)
 
 
-def load_tools(spec: str | Mapping[str, Tool] | None = None) -> ToolRegistry:
-    """A registry from ``spec``: a registry, ``"module:attribute"``, an entry-point name, or None for all
-    registries installed under the ``airflow_plan_provider.tools`` entry-point group."""
+def installed_registries() -> list[str]:
+    """Names of the registries installed under the ``airflow_plan_provider.tools`` entry-point group."""
+    return sorted({point.name for point in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def missing_tools_message() -> str:
+    return (
+        "name the tools this DAG offers: a ToolRegistry, 'module:attribute' or an installed entry-point "
+        f"name ({ALL_INSTALLED!r} offers every installed registry); installed: {installed_registries()}"
+    )
+
+
+def load_tools(spec: str | Mapping[str, Tool] | None) -> ToolRegistry:
+    """A registry from ``spec``: a registry (or a mapping of tools), ``"module:attribute"``, the name of
+    a registry installed under the ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for
+    every installed registry merged.
+
+    ``None`` is refused (``ValueError``): installed registries are never offered unless asked for.
+    A module that fails to import raises ``ImportError`` naming the module and the error.
+    """
     if isinstance(spec, ToolRegistry):
         return spec
     if isinstance(spec, Mapping):
         return ToolRegistry(list(spec.values()))
-    points = entry_points(group=ENTRY_POINT_GROUP)
     if spec is None:
+        raise ValueError(missing_tools_message())
+    if not isinstance(spec, str) or not spec.strip():
+        raise TypeError(f"tools must be a ToolRegistry or a non-empty spec string, not {spec!r}")
+    points = entry_points(group=ENTRY_POINT_GROUP)
+    if spec == ALL_INSTALLED:
         registry = ToolRegistry()
-        for point in points:
-            registry = registry.merge(_as_registry(point.load(), point.name))
+        for point in sorted(points, key=lambda p: p.name):
+            registry = registry.merge(_as_registry(_load_entry_point(point), point.name))
         return registry
     if ":" in spec:
-        module, _, attribute = spec.partition(":")
-        return _as_registry(getattr(importlib.import_module(module), attribute), spec)
+        module_name, _, attribute = spec.partition(":")
+        module = _import_tool_module(module_name)
+        return _as_registry(getattr(module, attribute), spec)
     for point in points:
         if point.name == spec:
-            return _as_registry(point.load(), spec)
-    known = sorted(p.name for p in points)
-    raise LookupError(f"no tool registry named {spec!r}; installed: {known or 'none'}")
+            return _as_registry(_load_entry_point(point), spec)
+    raise LookupError(f"no tool registry named {spec!r}; installed: {installed_registries() or 'none'}")
+
+
+def _import_tool_module(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except (Exception, SystemExit) as error:  # whatever a module raises on import: name the module
+        raise ImportError(
+            f"tool module {module!r} failed to import: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _load_entry_point(point: Any) -> Any:
+    try:
+        return point.load()
+    except (Exception, SystemExit) as error:  # whatever a module raises: name the entry point
+        raise ImportError(
+            f"tool registry entry point {point.name!r} ({point.value}) failed to load: "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
 
 def _as_registry(obj: Any, origin: str) -> ToolRegistry:
