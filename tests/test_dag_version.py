@@ -64,6 +64,40 @@ def test_example_dags_serialize_the_same_in_two_processes(tmp_path: Path) -> Non
         assert " at 0x" not in first[dag_id]["json"], dag_id  # no object repr at all
 
 
+# every option that puts an object on a task: planners, registries (as object and as spec), timedeltas
+EVERY_OPTION_DAGS = """
+from datetime import timedelta
+
+from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider.planners.llm import LLMPlanner
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+log = CallLog({log!r})
+tools = scripted_registry(ScriptedTool("a", log=log), ScriptedTool("b", log=log, job_seconds=1))
+options = dict(
+    pool="plan_nodes", node_timeout=timedelta(minutes=3), retry_delay=timedelta(seconds=7),
+    max_retry_delay=timedelta(minutes=1), artifact_store="file:///tmp/plan-artifacts", max_layers=2,
+)
+llm = LLMPlanner(conn_id="x")
+eager = build_plan_dag("every_option_eager", planner=llm, tools=tools, eager=True, **options)
+layered = build_plan_dag("every_option_layered", planner=ScriptedPlanner(None), tools=dict(tools), **options)
+by_spec = build_plan_dag("by_spec", planner=None, tools="airflow_plan_provider.example.tools:registry")
+"""
+
+
+@pytest.mark.airflow
+def test_every_option_serializes_the_same_in_two_processes(tmp_path: Path) -> None:
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / "every_option.py").write_text(EVERY_OPTION_DAGS.format(log=str(tmp_path / "calls")))
+    first = parse_in_new_process(folder, tmp_path / "first.json")
+    second = parse_in_new_process(folder, tmp_path / "second.json")
+    assert set(first) == {"every_option_eager", "every_option_layered", "by_spec"}
+    for dag_id in first:
+        assert first[dag_id]["hash"] == second[dag_id]["hash"], dag_id
+        assert " at 0x" not in first[dag_id]["json"], dag_id
+
+
 def test_registry_repr_is_its_content_not_its_address(tmp_path: Path) -> None:
     log = CallLog(tmp_path)
     one = scripted_registry(ScriptedTool("b", log=log), ScriptedTool("a", log=log))
