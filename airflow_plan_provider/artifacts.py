@@ -1,22 +1,50 @@
-"""Large node outputs live in an artifact store; XCom and the replan conf carry a small reference.
+"""Large node outputs and node checkpoints, kept in the artifact store.
 
 The store is any :class:`airflow.sdk.ObjectStoragePath` location: a local folder under AIRFLOW_HOME by
-default, ``s3://…`` or ``gs://…`` in production. A reference is
-``{"__artifact__": 1, "uri", "size", "sha256", "summary"}``; downstream nodes get the original value
-back (checked against the sha256), and planner prompts only ever see the summary.
+default, ``s3://…`` or ``gs://…`` in production. Under it::
+
+    outputs/<sha256 of the key>/<sha256 of the content>.json   a large output (JSON)
+    checkpoints/<sha256 of the key>.json                       {"key", "record", "sha256"}
+
+where the key is the node's idempotency key. Names are hashes of the key, so two keys never share a
+file, whatever characters their run ids or node ids hold.
+
+A stored output is known by an :class:`ArtifactRef` (uri, size, sha256, summary) kept in its own field of
+the node record, apart from the tool's data. :func:`load` reads only the file the provider itself
+writes for that node's key and that checksum, inside the configured store; checks its size before
+reading and reads no more than that; and checks its sha256. Any mismatch is an :class:`ArtifactError`,
+which the node treats as a permanent failure.
+
+A checkpoint holds its key, the node's record, and the sha256 of both (canonical JSON): a checkpoint
+that was altered, truncated, or copied to another key's name fails verification and is ignored with a
+warning: the node then runs normally, since a checkpoint only saves work. Files are written atomically
+(a temporary file renamed in the same folder; one ``write_bytes`` on object stores, where a single PUT
+replaces an object atomically).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import uuid
 from typing import Any
 
-from airflow_plan_provider.plan.result import summarize
+from pydantic import ValidationError
+
+from airflow_plan_provider.exceptions import PlanProviderError
+from airflow_plan_provider.plan.result import ArtifactRef, summarize
 
 DEFAULT_THRESHOLD = 64 * 1024
-MARKER = "__artifact__"
+CHECKPOINT_LIMIT = 16 * 1024 * 1024  # a checkpoint larger than this is not read (never written so)
+LOCAL_PROTOCOLS = ("file", "local")
+
+log = logging.getLogger(__name__)
+
+
+class ArtifactError(PlanProviderError):
+    """A stored output cannot be used: not one the provider stored for that node, missing, or altered."""
 
 
 def default_store_url() -> str:
@@ -28,13 +56,13 @@ def _base(base_url: str | None) -> str:
     return (base_url or default_store_url()).rstrip("/")
 
 
-def _file_name(key: str) -> str:
-    """An idempotency key as a file name (its slashes and colons replaced)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+def key_name(key: str) -> str:
+    """The file name part for an idempotency key: its sha256 (hex), distinct for distinct keys."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
-def is_reference(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(MARKER) == 1 and "uri" in value
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _path(uri: str) -> Any:
@@ -43,46 +71,123 @@ def _path(uri: str) -> Any:
     return ObjectStoragePath(uri)
 
 
-def store(output: Any, *, key: str, base_url: str | None = None, threshold: int = DEFAULT_THRESHOLD) -> Any:
-    """``output`` itself when its JSON is at most ``threshold`` bytes, else a reference to a stored copy."""
-    data = json.dumps(output, separators=(",", ":")).encode()
-    if len(data) <= threshold:
-        return output
-    digest = hashlib.sha256(data).hexdigest()
-    uri = f"{_base(base_url)}/{_file_name(key)}-{digest[:16]}.json"
+def output_uri(key: str, sha256: str, base_url: str | None = None) -> str:
+    """Where the provider stores the output with checksum ``sha256`` of the node behind ``key``."""
+    return f"{_base(base_url)}/outputs/{key_name(key)}/{sha256}.json"
+
+
+def checkpoint_uri(key: str, base_url: str | None = None) -> str:
+    return f"{_base(base_url)}/checkpoints/{key_name(key)}.json"
+
+
+def _write_atomically(uri: str, data: bytes) -> None:
     path = _path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return {MARKER: 1, "uri": uri, "size": len(data), "sha256": digest, "summary": summarize(output)}
+    if path.protocol not in LOCAL_PROTOCOLS:
+        path.write_bytes(data)  # one PUT: readers see the old object or the new one, never a part
+        return
+    target = path.path
+    temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
-def load(value: Any) -> Any:
-    """The original output behind a reference (verified), or ``value`` unchanged."""
-    if not is_reference(value):
-        return value
-    data = _path(value["uri"]).read_bytes()
+def _read_at_most(path: Any, limit: int) -> bytes:
+    with path.open("rb") as file:
+        return bytes(file.read(limit + 1))
+
+
+def store(
+    output: Any, *, key: str, base_url: str | None = None, threshold: int = DEFAULT_THRESHOLD
+) -> dict[str, Any] | None:
+    """Store ``output`` when its JSON is larger than ``threshold`` bytes and return its reference
+    (an :class:`ArtifactRef` as a dict); None when the output is small enough for XCom."""
+    data = json.dumps(output, separators=(",", ":")).encode()
+    if len(data) <= threshold:
+        return None
     digest = hashlib.sha256(data).hexdigest()
-    if digest != value["sha256"]:
-        raise ValueError(f"artifact {value['uri']} is corrupt: sha256 {digest} != {value['sha256']}")
+    uri = output_uri(key, digest, base_url)
+    _write_atomically(uri, data)
+    return ArtifactRef(uri=uri, size=len(data), sha256=digest, summary=summarize(output)).model_dump()
+
+
+def load(reference: Any, *, key: str, base_url: str | None = None) -> Any:
+    """The output behind ``reference``, stored by the provider for the node behind ``key``.
+
+    Raises :class:`ArtifactError` when the reference is malformed, names any other location than the one
+    the provider writes for that key and checksum in the configured store, or when the file is missing,
+    has another size, or another checksum (whose value is not revealed).
+    """
+    try:
+        ref = ArtifactRef.model_validate(reference)
+    except ValidationError as error:
+        raise ArtifactError(f"malformed artifact reference ({error.error_count()} problem(s))") from None
+    expected = output_uri(key, ref.sha256, base_url)
+    if ref.uri != expected:
+        raise ArtifactError(
+            f"artifact {summarize(ref.uri, 200)} is not one the provider stored for this node in "
+            f"{_base(base_url)}"
+        )
+    path = _path(expected)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ArtifactError(f"artifact {ref.uri} is missing from the store") from None
+    if size != ref.size:
+        raise ArtifactError(f"artifact {ref.uri} has {size} bytes, {ref.size} were stored")
+    data = _read_at_most(path, ref.size)
+    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise ArtifactError(f"artifact {ref.uri} does not match the sha256 recorded when it was stored")
     return json.loads(data)
 
 
-def _checkpoint_path(key: str, base_url: str | None) -> Any:
-    return _path(f"{_base(base_url)}/checkpoints/{_file_name(key)}.json")
+def _checkpoint_digest(key: str, record: Any) -> str:
+    return hashlib.sha256(canonical_json({"key": key, "record": record})).hexdigest()
 
 
 def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = None) -> None:
-    """Remember that the node behind ``key`` (dag, root run, node, revision) succeeded, with its record.
+    """Remember that the node behind ``key`` succeeded, with its record.
 
     The checkpoint outlives the task instance's XCom, which Airflow clears when the task is cleared.
     """
-    path = _checkpoint_path(key, base_url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, separators=(",", ":")))
+    content = {"key": key, "record": record, "sha256": _checkpoint_digest(key, record)}
+    _write_atomically(checkpoint_uri(key, base_url), canonical_json(content))
 
 
 def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | None:
-    path = _checkpoint_path(key, base_url)
+    """The record saved for ``key``, or None when there is none or it fails verification (logged)."""
+    uri = checkpoint_uri(key, base_url)
+    path = _path(uri)
     if not path.exists():
         return None
-    return dict(json.loads(path.read_text()))
+    verified = _verify_checkpoint(key, _read_at_most(path, CHECKPOINT_LIMIT))
+    if isinstance(verified, str):
+        log.warning("ignoring checkpoint %s of %s: %s; the node runs again", uri, key, verified)
+        return None
+    return verified
+
+
+def _verify_checkpoint(key: str, data: bytes) -> dict[str, Any] | str:
+    """The verified record in a checkpoint's bytes, or what is wrong with them."""
+    if len(data) > CHECKPOINT_LIMIT:
+        return f"larger than {CHECKPOINT_LIMIT} bytes"
+    try:
+        content = json.loads(data)
+    except ValueError as error:
+        return f"not JSON ({error})"
+    if not isinstance(content, dict) or not isinstance(content.get("record"), dict):
+        return "not a checkpoint"
+    if content.get("key") != key:
+        return "saved for another key"
+    if content.get("sha256") != _checkpoint_digest(key, content["record"]):
+        return "content does not match its sha256"
+    return dict(content["record"])

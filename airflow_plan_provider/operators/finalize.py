@@ -28,6 +28,8 @@ NO_REPORT = "the node's task ended without reporting (killed, timed out, or its 
 def collect_records(
     ti: Any, plan: ValidatedPlan, state: SessionState
 ) -> tuple[dict[str, NodeRecord], dict[str, Any]]:
+    """Every node's record, and the outputs of the nodes that succeeded (the tools' data; a stored
+    output is known by its record's ``artifact``)."""
     records: dict[str, NodeRecord] = {}
     outputs: dict[str, Any] = {}
     reported = pull_layer_records(ti, plan, state.eager)
@@ -48,6 +50,11 @@ def collect_records(
             {k: v for k, v in raw.items() if k in NodeRecord.model_fields}
         )
     return records, outputs
+
+
+def _shown_output(record: NodeRecord, output: Any) -> Any:
+    """A node's output as the SessionResult shows it: a stored output by its reference."""
+    return record.artifact.model_dump() if record.artifact is not None else output
 
 
 class FinalizePlanOperator(BaseOperator, SkipMixin):
@@ -94,7 +101,7 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             )
         lock_successes(plan, records, outputs, state)
         conclusion = conclude(plan, records, state)
-        final_outputs = {n: outputs[n] for n in plan.node_ids if n in outputs}
+        final_outputs = {n: _shown_output(records[n], outputs[n]) for n in plan.node_ids if n in outputs}
         self.log.info("run concludes: %s (%s) %s", conclusion.kind, conclusion.reason, conclusion.message)
 
         if conclusion.kind == "replan" and self.replan_task_id:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,11 +34,23 @@ from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finis
 
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
+# what a checkpoint gives back to a node's record (the rest describes the current try)
+CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 
 
-def idempotency_key(dag_id: str, root_run_id: str, node_id: str, revision: int) -> str:
-    """Same for every try of one node in one revision of one session; differs everywhere else."""
-    return f"{dag_id}/{root_run_id}/{node_id}/r{revision}"
+def idempotency_key(dag_id: str, root_run_id: str, node_id: str, tool: str, params: Any) -> str:
+    """The key of one node's call in one session: ``dag/root run/node/<hash of tool and params>``.
+
+    The same for every try, and for every revision in which the node is unchanged (same tool, same
+    declared params), so a side effect done before a failure is not repeated after a replan; different
+    as soon as a revision changes the node's call.
+
+    >>> idempotency_key("d", "run1", "n", "query", {"day": 1}) == idempotency_key(
+    ...     "d", "run1", "n", "query", {"day": 1})
+    True
+    """
+    call = json.dumps({"tool": tool, "params": params}, sort_keys=True, separators=(",", ":"))
+    return f"{dag_id}/{root_run_id}/{node_id}/{hashlib.sha256(call.encode()).hexdigest()[:16]}"
 
 
 @dataclass
@@ -58,6 +71,12 @@ class NodeRun:
     def fail(self, reason: str) -> AirflowFailException:
         self.push("failed", error=reason)
         return AirflowFailException(f"node {self.node.id}: {reason}")
+
+    def key(self, node: Node | None = None) -> str:
+        """The idempotency key of ``node`` (default: this run's node) in this session."""
+        node = node or self.node
+        root = self.state.root_run_id or self.ti.run_id
+        return idempotency_key(self.ti.dag_id, root, node.id, node.tool, node.params)
 
 
 class PlanNodeOperator(BaseOperator):
@@ -109,6 +128,7 @@ class PlanNodeOperator(BaseOperator):
             "tool": node.tool,
             "attempts": ti.try_number,
             "started_at": now(),
+            "hostname": _hostname(ti),
         }
         return NodeRun(ti, plan, node, state, record)
 
@@ -128,18 +148,25 @@ class PlanNodeOperator(BaseOperator):
         if node.id in state.locked:
             locked = state.locked[node.id]
             self.log.info("node %s succeeded in an earlier revision; reusing its output", node.id)
-            run.push("success", reused=True, attempts=0, output=locked.output, output_summary=locked.summary)
+            run.push(
+                "success",
+                reused=True,
+                attempts=0,
+                output=locked.output,
+                artifact=locked.artifact.model_dump() if locked.artifact else None,
+                output_summary=locked.summary,
+            )
             return
-        key = idempotency_key(ti.dag_id, state.root_run_id or ti.run_id, node.id, state.revision)
+        key = run.key()
         saved = artifacts.load_checkpoint(key, self.artifact_store) if self.checkpoints else None
         if saved is not None:
-            # this node already succeeded in this revision (its task was cleared, or crashed after the call)
+            # this node's call already succeeded (its task was cleared, or crashed after the call)
             self.log.info(
                 "node %s already succeeded (checkpoint %s); not calling its tool again", node.id, key
             )
             run.push(
                 "success",
-                **{k: v for k, v in saved.items() if k not in run.record and k != "status"},
+                **{k: saved[k] for k in CHECKPOINT_FIELDS if k in saved},
                 reused=True,
                 checkpoint=True,
             )
@@ -158,7 +185,7 @@ class PlanNodeOperator(BaseOperator):
         if run.missing:
             self.log.warning("node %s runs without the output of optional parent(s) %s", node.id, run.missing)
         outputs = {
-            p: artifacts.load(r.get("output")) for p, r in parents.items() if r and r["status"] == "success"
+            p: self._parent_output(run, p, r) for p, r in parents.items() if r and r["status"] == "success"
         }
         try:
             params = _without_missing(resolve(node.params, outputs))
@@ -188,7 +215,7 @@ class PlanNodeOperator(BaseOperator):
             output = tool.call(params, ctx)
         except ReplanRequested as request:
             self.log.warning("node %s requests a replan: %s", node.id, request.reason)
-            self._succeed(run, ctx, request.output, replan_requested=True, error=request.reason)
+            self._succeed(run, key, request.output, replan_requested=True, error=request.reason)
             return
         except PermanentToolError as error:
             raise run.fail(error.reason) from error
@@ -201,7 +228,19 @@ class PlanNodeOperator(BaseOperator):
             raise
         if tool.is_async:
             self._defer_to_job(run, tool, ctx, output)
-        self._succeed(run, ctx, output)
+        self._succeed(run, key, output)
+
+    def _parent_output(self, run: NodeRun, parent_id: str, record: dict[str, Any]) -> Any:
+        """A succeeded parent's output: the tool's data as pushed, or the output the provider stored for
+        that parent (its record's ``artifact``), verified. A stored output that fails verification
+        fails this node for good: retrying cannot repair it."""
+        if record.get("artifact") is None:
+            return record.get("output")
+        parent = run.plan.node(parent_id)
+        try:
+            return artifacts.load(record["artifact"], key=run.key(parent), base_url=self.artifact_store)
+        except artifacts.ArtifactError as error:
+            raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
     def _wait_for_parents(self, ti: Any, plan: ValidatedPlan, unreported: list[str]) -> None:
         """Eager mode: defer until every parent that has not reported yet has finished."""
@@ -225,30 +264,37 @@ class PlanNodeOperator(BaseOperator):
     def resume_after_parents(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
         self.execute(context)
 
-    def _succeed(self, run: NodeRun, ctx: ToolContext, output: Any, **fields: Any) -> None:
+    def _succeed(self, run: NodeRun, key: str, output: Any, **fields: Any) -> None:
+        """Record a successful call: store a large output, save the checkpoint, then push the record.
+
+        The checkpoint comes first, right after the tool returned: if the worker dies before the push,
+        the next try finds it and does not call the tool again.
+        """
         try:
             json.dumps(output)
         except (TypeError, ValueError) as error:
             raise run.fail(f"tool output is not JSON-serialisable: {error}") from error
-        stored = artifacts.store(
-            output, key=ctx.idempotency_key, base_url=self.artifact_store, threshold=self.artifact_threshold
+        artifact = artifacts.store(
+            output, key=key, base_url=self.artifact_store, threshold=self.artifact_threshold
         )
-        if artifacts.is_reference(stored):
+        if artifact is not None:
             self.log.info(
-                "node %s output (%s bytes) stored at %s", run.node.id, stored["size"], stored["uri"]
+                "node %s output (%s bytes) stored at %s", run.node.id, artifact["size"], artifact["uri"]
             )
-        run.push("success", output=stored, output_summary=summarize(output), **fields)
+        outcome = {
+            "output": None if artifact is not None else output,
+            "artifact": artifact,
+            "output_summary": summarize(output),
+            **fields,
+        }
         if self.checkpoints:
-            artifacts.save_checkpoint(
-                ctx.idempotency_key,
-                {
-                    "output": stored,
-                    "output_summary": summarize(output),
-                    "attempts": run.ti.try_number,
-                    **fields,
-                },
-                self.artifact_store,
-            )
+            try:
+                artifacts.save_checkpoint(
+                    key, {**outcome, "attempts": run.ti.try_number}, self.artifact_store
+                )
+            except Exception as error:  # the record below is what counts; a checkpoint only saves work
+                self.log.warning("node %s: could not save its checkpoint (%s)", run.node.id, error)
+        run.push("success", **outcome)
 
     def _defer_to_job(self, run: NodeRun, tool: Tool, ctx: ToolContext, handle: Any) -> None:
         timeout = tool.timeout or (self.execution_timeout.total_seconds() if self.execution_timeout else None)
@@ -293,15 +339,17 @@ class PlanNodeOperator(BaseOperator):
             reason = f"job {outcome}: {event.get('reason', 'no event from the trigger')}"
             run.push("failed", error=reason, polling=polling)
             raise AirflowFailException(f"node {run.node.id}: {reason}")
-        ctx = ToolContext(
-            node_id=run.node.id,
-            idempotency_key=polling.get("key", ""),
-            attempt=ti.try_number,
-            missing_inputs=tuple(run.missing),
-            run_id=ti.run_id,
-            revision=run.state.revision,
-        )
-        self._succeed(run, ctx, event.get("result"), polling=polling)
+        self._succeed(run, run.key(), event.get("result"), polling=polling)
+
+
+def _hostname(ti: Any) -> str:
+    """The worker's name, as Airflow's task runner set it (from ``[core] hostname_callable``)."""
+    hostname = getattr(ti, "hostname", None)
+    if hostname:
+        return str(hostname)
+    from airflow.sdk.api.client import get_hostname
+
+    return str(get_hostname())
 
 
 def _without_missing(value: Any) -> Any:

@@ -43,8 +43,25 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class ArtifactRef(BaseModel):
+    """A large output the provider stored in its artifact store: where, how many bytes, which sha256.
+
+    Only this model, in a record's or a locked node's ``artifact`` field, is ever dereferenced; a tool
+    output that happens to look like it is plain data.
+    """
+
+    uri: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    summary: str = ""
+
+
 class NodeRecord(BaseModel):
-    """The outcome of one node in one revision."""
+    """The outcome of one node in one revision.
+
+    ``artifact`` is set when the output was too large for XCom and the provider stored it (the record's
+    ``output`` is then empty); ``hostname`` names the worker that ran the node's task.
+    """
 
     node_id: str
     revision: int = 0
@@ -59,6 +76,8 @@ class NodeRecord(BaseModel):
     error: str | None = None
     output_summary: str | None = None
     polling: dict[str, Any] | None = None  # an asynchronous job: handle, since, until, outcome
+    artifact: ArtifactRef | None = None
+    hostname: str | None = None
 
 
 class Revision(BaseModel):

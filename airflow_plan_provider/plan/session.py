@@ -14,17 +14,31 @@ from pydantic import BaseModel, Field
 
 from airflow_plan_provider.plan.budgets import Budgets, Usage
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.result import Event, NodeRecord, Reason, Revision, SessionResult, summarize
+from airflow_plan_provider.plan.result import (
+    ArtifactRef,
+    Event,
+    NodeRecord,
+    Reason,
+    Revision,
+    SessionResult,
+    summarize,
+)
 from airflow_plan_provider.plan.state import NodeStatus
 
 
 class LockedOutput(BaseModel):
-    """A node that succeeded earlier: its call, its saved output (or artifact reference) and a summary."""
+    """A node that succeeded earlier: its call, its output, and a summary.
+
+    ``output`` is the tool's data as it returned it, never interpreted. When the output was too large for
+    XCom, ``output`` is empty and ``artifact`` says where the provider stored it: that field alone is
+    dereferenced, and only inside the configured store.
+    """
 
     action: str
     tool: str
     params: dict[str, Any] = Field(default_factory=dict)
     output: Any = None
+    artifact: ArtifactRef | None = None
     summary: str = ""
 
 
@@ -157,14 +171,17 @@ def contained_failures(
 def lock_successes(
     plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any], state: SessionState
 ) -> None:
-    """Add this run's succeeded nodes to the locked set, with their outputs."""
+    """Add this run's succeeded nodes to the locked set, with their outputs (``outputs``: the tools' data)
+    or the references to the outputs the provider stored (the records' ``artifact``)."""
     for node in plan.nodes:
         record = records.get(node.id)
         if record is not None and record.status == "success" and node.id not in state.locked:
+            output = None if record.artifact is not None else outputs.get(node.id)
             state.locked[node.id] = LockedOutput(
                 action=node.action,
                 tool=node.tool,
                 params=node.params,
-                output=outputs.get(node.id),
-                summary=record.output_summary or summarize(outputs.get(node.id)),
+                output=output,
+                artifact=record.artifact,
+                summary=record.output_summary or summarize(output),
             )

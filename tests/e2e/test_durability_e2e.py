@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.operators.node import idempotency_key
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster, pid_alive
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.sessions import session_result
@@ -252,7 +253,8 @@ class TestCrashAndClear:
                 assert len(starts(log, CRASH_DAG, run_id, node)) == 1, (node, events(log, CRASH_DAG, run_id))
         # the killed node started twice, both times with the same idempotency key ...
         calls = starts(log, CRASH_DAG, run_id, target)
-        assert [c["key"] for c in calls] == [f"{CRASH_DAG}/{run_id}/{target}/r0"] * 2
+        key = idempotency_key(CRASH_DAG, run_id, target, "step", {"seconds": HOLD_SECONDS})
+        assert [c["key"] for c in calls] == [key] * 2
         assert calls[1]["pid"] != victim
         # ... and its side effect, done by the killed try, was not done again by the retry
         done = effects(log, CRASH_DAG, run_id)
