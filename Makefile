@@ -1,10 +1,12 @@
-# Two entry points: `make demo` runs the example plan DAG end to end; `make test` runs every test.
+# Entry points: `make demo` runs the example plan DAG end to end; `make test` runs every test; `make airflow`
+# starts a local Airflow with the example DAGs (UI on http://127.0.0.1:$(PORT), Ctrl-C stops it).
 # Each creates the virtual environment (.venv) on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PORT ?= 8080
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench airflow
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py
+
+airflow: $(VENV)/.installed
+	$(PY) scripts/airflow_local.py --port $(PORT)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

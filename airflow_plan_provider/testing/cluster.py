@@ -628,7 +628,8 @@ class AirflowCluster:
     def _fail(self, message: str) -> ClusterError:
         return ClusterError(f"{message}\n{self.diagnostics()}")
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise ``ClusterError`` (with the log tails) if a started component has exited."""
         dead = {c: p.returncode for c, p in self._procs.items() if p.poll() is not None}
         if dead:
             raise self._fail(f"component(s) exited unexpectedly: {dead}")
@@ -708,7 +709,7 @@ class AirflowCluster:
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 status, _data = self._raw("GET", "/api/v2/monitor/health")
                 if status == 200:
@@ -730,7 +731,7 @@ class AirflowCluster:
         deadline = time.monotonic() + timeout
         health: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             with contextlib.suppress(OSError, AirflowApiError):
                 health = self.health()
                 if all((health.get(c) or {}).get("status") == "healthy" for c in comps):
@@ -750,7 +751,7 @@ class AirflowCluster:
         """Wait until the dag-processor has parsed and serialised ``dag_id``; returns the DAG resource."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 dag = self.get_dag(dag_id)
                 if not dag.get("is_stale", False):
@@ -801,7 +802,7 @@ class AirflowCluster:
         deadline = time.monotonic() + timeout
         state = None
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             with contextlib.suppress(OSError):
                 state = self.get_run(dag_id, run_id)["state"]
                 if state in wanted:
