@@ -1,17 +1,34 @@
-"""The planning task: ask the planner, validate (repairing while allowed), publish the plan and layers."""
+"""The planning task: ask the planner, validate (repairing while allowed), publish the plan and layers.
+
+A replan run's conf carries the session so far (locked outputs, root run, revision). The task accepts it
+only when it can prove the conf came from this DAG's own replan task (see :func:`verified_session`): a
+conf is user input, and a forged session could reuse another run's idempotency keys and checkpoints or
+pass off any output as a locked node's.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
+from pydantic import ValidationError
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
-from airflow_plan_provider.operators._xcom import PLAN_KEY, PLANNING_ERROR_KEY, SESSION_KEY, eager_order
+from airflow_plan_provider.operators._xcom import (
+    FINALIZE_TASK,
+    PLAN_KEY,
+    PLANNING_ERROR_KEY,
+    REPLAN_CONF_KEY,
+    SESSION_KEY,
+    eager_order,
+)
+from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
+from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, describe
 from airflow_plan_provider.plan.replan import merge_replan, plan_diff
 from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState, statuses_of
@@ -21,14 +38,25 @@ from airflow_plan_provider.planners.base import LockedNode, Planner, PlanRequest
 from airflow_plan_provider.planners.static import StaticPlanner
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
+MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
+
 
 class PlanOperator(BaseOperator):
     """Plan (or replan) and validate; push the plan and session state; return the first layer's node ids.
 
     The run's conf (or the DAG's Params) gives ``goal``, optionally a ready ``plan`` (the planner is then
-    skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``session``: the state of the
-    session so far, from which only the affected subgraph is planned again.
-    An invalid plan fails this task with every problem in its log, and no node runs.
+    skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``goal`` and ``session``
+    only, exactly as the parent run's finalize task prepared them: the state of the session so far, from
+    which only the affected subgraph is planned again. Any other conf with a session is rejected.
+    An invalid plan fails this task with its problems in its log (the first
+    :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS` and a count of the rest), and no
+    node runs.
+
+    :param planner: the planner; ``None`` runs only ready plans given in the conf.
+    :param tools: a tool registry, or ``"module:attribute"`` naming one.
+    :param limits: plan size and depth limits.
+    :param repair_attempts: how many times invalid plans are sent back to the planner (0 or more).
+    :param eager: map nodes as one task, each starting when its own parents finish.
     """
 
     ui_color = "#d9e8fb"
@@ -44,6 +72,8 @@ class PlanOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
+            raise ValueError(f"repair_attempts must be an integer >= 0, got {repair_attempts!r}")
         self.eager = eager
         self.planner = planner
         self.tools = tools
@@ -55,25 +85,19 @@ class PlanOperator(BaseOperator):
         run_id = context["run_id"]
         conf: Mapping[str, Any] = context["dag_run"].conf or {}
         params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
+        try:
+            state = self._session(ti, conf, params, run_id)
+        except PlanningError as error:
+            # nothing of the rejected session is kept: a fresh state reports the rejection
+            self._fail(ti, SessionState(root_run_id=run_id, run_ids=[run_id], eager=self.eager), error)
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
+        planner_conf["goal"] = state.goal
         tools = load_tools(self.tools)
-        state = self._session(conf, params, run_id)
         try:
             plan = self._plan(state, params, planner_conf, tools)
         except PlanningError as error:
-            _record_usage(state, error.usage)
-            for problem in error.problems:
-                self.log.error("plan problem: %s", problem)
-            state.event(
-                "plan.failed",
-                reason=error.reason,
-                message=str(error).splitlines()[0],
-                problems=[p.to_dict() for p in error.problems],
-            )
-            ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
-            ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": str(error)})
-            raise AirflowFailException(str(error)) from error
+            self._fail(ti, state, error)
 
         state.current_plan = plan.as_plan().to_json_dict()
         state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
@@ -88,9 +112,33 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
         return eager_order(plan) if self.eager else plan.layers[0]
 
-    def _session(self, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str) -> SessionState:
-        if conf.get("session"):
-            state = SessionState.model_validate(conf["session"])
+    def _fail(self, ti: Any, state: SessionState, error: PlanningError) -> NoReturn:
+        """Report a planning failure (log, event, XCom for finalize) with the problems capped, and fail."""
+        _record_usage(state, error.usage)
+        shown, more = capped(error.problems)
+        for problem in shown:
+            self.log.error("plan problem: %s", problem)
+        if more:
+            self.log.error("plan problem: ... and %s more problem(s)", more)
+        text = _error_text(error)
+        message = f"{text}\n{describe(error.problems)}" if error.problems else text
+        state.event(
+            "plan.failed",
+            reason=error.reason,
+            message=text.splitlines()[0] if text else "",
+            problems=[p.to_dict() for p in shown],
+            more_problems=more,
+        )
+        ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
+        ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": message})
+        # "from None": the cause's text is the uncapped problem list
+        raise AirflowFailException(message) from None
+
+    def _session(
+        self, ti: Any, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str
+    ) -> SessionState:
+        if conf.get("session") is not None:
+            state = verified_session(ti, conf, run_id)
         else:
             budgets = Budgets(
                 max_steps=int(params.get("max_steps") or Budgets().max_steps),
@@ -112,7 +160,8 @@ class PlanOperator(BaseOperator):
     ) -> ValidatedPlan:
         limits = self.limits
         if state.current_plan is None:
-            planner: Planner | None = StaticPlanner(params["plan"]) if params.get("plan") else self.planner
+            ready = bool(params.get("plan"))
+            planner: Planner | None = StaticPlanner(params["plan"]) if ready else self.planner
             if planner is None:
                 raise PlanningError("no planner configured and no plan given in the run's conf")
             request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
@@ -120,14 +169,14 @@ class PlanOperator(BaseOperator):
                 planner,
                 request,
                 lambda raw: validate_plan(raw, tools, limits),
-                repair_attempts=self.repair_attempts,
+                repair_attempts=0 if ready else self.repair_attempts,  # a ready plan would come back as is
             )
             state.event(
                 "plan.created",
                 nodes=len(outcome.plan.nodes),
                 layers=outcome.plan.layers,
                 attempts=outcome.attempts,
-                rejected=outcome.rejected,
+                **_rejected(outcome.rejected),
             )
         else:
             if self.planner is None:
@@ -150,7 +199,7 @@ class PlanOperator(BaseOperator):
                 )
             )
             state.event(
-                "plan.diff", **diff.model_dump(), attempts=outcome.attempts, rejected=outcome.rejected
+                "plan.diff", **diff.model_dump(), attempts=outcome.attempts, **_rejected(outcome.rejected)
             )
         _record_usage(state, outcome.usage)
         return outcome.plan
@@ -182,6 +231,97 @@ class PlanOperator(BaseOperator):
         )
 
 
+def verified_session(ti: Any, conf: Mapping[str, Any], run_id: str) -> SessionState:
+    """The session a replan run's conf carries, once shown to be the one this DAG's replan task started.
+
+    Accepted only when: the conf carries no ready plan; this run's id is the one the replan task gives
+    the session's revision (:func:`replan_run_id`), so one parent starts at most one run per revision;
+    the session's parent run (``session.parent_run_id``) is a run of this DAG; and that run's finalize
+    task pushed exactly this conf (XCom ``replan_conf``: ``goal`` and ``session``, compared as JSON
+    values, no key more or less). Raises :class:`PlanningError` (reason ``untrusted_session``) naming the
+    check that failed; the conf's content is never echoed.
+    """
+
+    def reject(why: str) -> NoReturn:
+        raise PlanningError(
+            f"untrusted session in the run's conf: {why}. Only this DAG's replan task starts runs that carry "
+            "a session; trigger a new run with a goal (or a ready plan) instead",
+            reason="untrusted_session",
+        )
+
+    if conf.get("plan") is not None:
+        reject("a conf with a session may not carry a ready plan")
+    try:
+        state = SessionState.model_validate(conf["session"])
+    except ValidationError as error:  # its text quotes the input: only the count is reported
+        reject(f"the session is not a valid session state ({error.error_count()} invalid field(s))")
+    if not state.parent_run_id:
+        reject("the session names no parent run")
+    if state.revision < 1 or run_id != replan_run_id(state.root_run_id, state.revision):
+        reject(f"this run's id {run_id!r} is not the one the replan task gives the session's revision")
+    if ti.get_dr_count(dag_id=ti.dag_id, run_ids=[state.parent_run_id]) < 1:
+        reject(f"the session's parent run is not a run of DAG {ti.dag_id!r}")
+    prepared = ti.xcom_pull(
+        task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY, dag_id=ti.dag_id, run_id=state.parent_run_id
+    )
+    if not isinstance(prepared, Mapping):
+        reject("the session's parent run prepared no replan")
+    differing = _differing_fields(prepared, conf)
+    if differing:
+        reject(f"it differs from the one the parent run's finalize task prepared (in {', '.join(differing)})")
+    return state
+
+
+def _canonical(value: Any) -> str:
+    """A value as canonical JSON text: equal texts are equal JSON values (``true`` is not ``1``)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _differing_keys(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """Keys present in only one of the two mappings, or holding different JSON values."""
+    return [
+        key
+        for key in sorted(set(ours) | set(theirs))
+        if key not in ours or key not in theirs or _canonical(ours[key]) != _canonical(theirs[key])
+    ]
+
+
+def _differing_fields(prepared: Mapping[str, Any], conf: Mapping[str, Any]) -> list[str]:
+    """Where ``conf`` departs from what finalize ``prepared``, as ``goal`` or ``session.<field>``: names
+    the provider wrote itself; any other key is only counted, so no forged text is echoed."""
+    named: list[str] = []
+    others = 0
+    for key in _differing_keys(prepared, conf):
+        ours, theirs = prepared.get(key), conf.get(key)
+        if key == "session" and isinstance(ours, Mapping) and isinstance(theirs, Mapping):
+            for field in _differing_keys(ours, theirs):
+                if field in SessionState.model_fields:
+                    named.append(f"session.{field}")
+                else:
+                    others += 1
+        elif key in prepared or key == "session":
+            named.append(key)
+        else:
+            others += 1
+    return [*named, f"{others} other key(s)"] if others else named
+
+
+def _error_text(error: PlanningError) -> str:
+    """The error's own text without the problem list it may append, clipped to MAX_MESSAGE_CHARS."""
+    text = str(error).split("\n  - ", 1)[0].split("\n  ... and ", 1)[0]
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = f"{text[:MAX_MESSAGE_CHARS]}... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+    return text
+
+
+def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Event fields for the problems of each rejected attempt: the first ones and each attempt's total."""
+    return {
+        "rejected": [problems[:MAX_REPORTED_PROBLEMS] for problems in rejected],
+        "rejected_total": [len(problems) for problems in rejected],
+    }
+
+
 def _record_usage(state: SessionState, calls: list[dict[str, int]]) -> None:
     """Token usage of each planner call, in the session's usage and as events."""
     for usage in calls:
@@ -199,4 +339,4 @@ def _trigger_node(state: SessionState) -> str | None:
     return nodes[0] if nodes else None
 
 
-__all__ = ["PlanOperator", "PlanValidationError"]
+__all__ = ["PlanOperator", "PlanValidationError", "verified_session"]

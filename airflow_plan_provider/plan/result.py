@@ -22,6 +22,7 @@ Reason = Literal[
     "invalid_plan",
     "planner_unavailable",
     "replan_failed",
+    "untrusted_session",
 ]
 
 
