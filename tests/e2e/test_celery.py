@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.cluster import AirflowCluster, pid_alive
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
 
@@ -37,7 +37,7 @@ def _reachable(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowCluster]:
+def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, PostgresDatabase]]:
     down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
     if down and not os.environ.get("CI"):
         pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
@@ -62,10 +62,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowCluster
         running.wait_for_dag(EXAMPLE, timeout=180)
         running.unpause(EXAMPLE)
         print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
-        yield running
+        yield running, db
 
 
-def test_seed_session_runs_on_both_celery_workers(cluster: AirflowCluster) -> None:
+def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, PostgresDatabase]) -> None:
+    cluster, _db = celery
     t0 = time.monotonic()
     root = cluster.trigger(EXAMPLE, {"goal": GOAL})
     state = cluster.wait_for_run(EXAMPLE, root, timeout=300)
@@ -103,3 +104,30 @@ def test_seed_session_runs_on_both_celery_workers(cluster: AirflowCluster) -> No
         key = (result["run_ids"][record["revision"]], record["node_id"])
         if record.get("hostname") and key in node_hosts and not record.get("reused"):
             assert record["hostname"] == node_hosts[key], record
+
+
+def test_stop_ends_every_process_and_the_database_is_dropped(
+    celery: tuple[AirflowCluster, PostgresDatabase],
+) -> None:
+    """Runs last: stops the module's cluster."""
+    cluster, db = celery
+    pids = cluster.all_pids()
+    roots = cluster.pids
+    assert set(roots) == {"api-server", "dag-processor", "scheduler", "triggerer", *WORKERS}
+    worker_children = {p for p in pids if p not in roots.values()}
+    assert worker_children  # Celery's pool processes, the API server's workers, ...
+    cluster.stop()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {p for p in pids if pid_alive(p)}
+    db.drop()
+    import psycopg2
+
+    conn = psycopg2.connect(db.server)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (db.name,))
+            assert cur.fetchone() == (0,)
+    finally:
+        conn.close()
