@@ -166,10 +166,11 @@ def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = Non
 def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | None:
     """The record saved for ``key``, or None when there is none or it fails verification (logged)."""
     uri = checkpoint_uri(key, base_url)
-    path = _path(uri)
-    if not path.exists():
+    try:
+        data = _read_at_most(_path(uri), CHECKPOINT_LIMIT)
+    except FileNotFoundError:
         return None
-    verified = _verify_checkpoint(key, _read_at_most(path, CHECKPOINT_LIMIT))
+    verified = _verify_checkpoint(key, data)
     if isinstance(verified, str):
         log.warning("ignoring checkpoint %s of %s: %s; the node runs again", uri, key, verified)
         return None

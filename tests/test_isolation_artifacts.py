@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,21 @@ class ContextTool(ScriptedTool):
     def __call__(self, ctx: ToolContext, **params: Any) -> Any:
         with self.log.call(self.name, ctx):
             return self.behave(ctx, params)
+
+
+@pytest.fixture
+def artifact_warnings() -> Iterator[list[str]]:
+    """Warnings of the artifacts module (a handler on its own logger: Airflow reconfigures the root one)."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger, handler = logging.getLogger("airflow_plan_provider.artifacts"), Keep(logging.WARNING)
+    logger.addHandler(handler)
+    yield messages
+    logger.removeHandler(handler)
 
 
 def records(run: Any, task_id: str, count: int) -> list[dict[str, Any]]:
@@ -151,9 +167,17 @@ def _copy_other_key(store: Path) -> str:
 
 @pytest.mark.airflow
 @pytest.mark.parametrize(
-    "tamper", [_alter, _truncate, _copy_other_key], ids=["altered", "truncated", "copied"]
+    ("tamper", "warning"),
+    [
+        (_alter, "content does not match its sha256"),
+        (_truncate, "not JSON"),
+        (_copy_other_key, "saved for another key"),
+    ],
+    ids=["altered", "truncated", "copied"],
 )
-def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(tmp_path, tamper):
+def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(
+    tmp_path, artifact_warnings, tamper, warning
+):
     store = tmp_path / "store"
     log = CallLog(tmp_path / "calls")
     tool = ContextTool("fetch", lambda ctx, params: {"value": f"genuine-{params['item']}"}, log=log)
@@ -181,6 +205,8 @@ def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(tmp_p
     assert log.count("fetch", "b") == 2
     # the untouched checkpoint still spares node a its call
     assert (a["output"], a["checkpoint"], log.count("fetch", "a")) == ({"value": "genuine-a"}, True, 1)
+    ignored = [m for m in artifact_warnings if "ignoring checkpoint" in m]
+    assert len(ignored) == 1 and warning in ignored[0] and "/b/" in ignored[0]
 
 
 def test_checkpoints_are_written_whole_with_their_key_and_checksum(tmp_path):
