@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
@@ -279,3 +281,51 @@ def test_repair_attempts_zero_is_allowed() -> None:
     from airflow_plan_provider.operators.planning import PlanOperator
 
     assert PlanOperator(task_id="plan", planner=None, repair_attempts=0).repair_attempts == 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_same_json_holds_for_a_json_round_trip(value: Any) -> None:
+    from airflow_plan_provider.operators.planning import same_json
+
+    assert same_json(value, json.loads(json.dumps(value)))
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        (1e20, 10**20, True),  # the same number, as a database may hand it back
+        (1, 1.0, True),
+        (True, 1, False),
+        (False, 0, False),
+        (None, False, False),
+        ("1", 1, False),
+        ({"a": 1}, {"a": 1, "b": None}, False),
+        ([1, 2], [2, 1], False),
+        ({"locked": {"1": {"output": "x"}}}, {"locked": {"1": {"output": "y"}}}, False),
+    ],
+)
+def test_same_json_examples(first: Any, second: Any, same: bool) -> None:
+    from airflow_plan_provider.operators.planning import same_json
+
+    assert same_json(first, second) is same
+    assert same_json(second, first) is same
+
+
+def test_same_json_handles_deep_nesting() -> None:
+    from airflow_plan_provider.operators.planning import same_json
+
+    def nested(leaf: str) -> Any:
+        value: Any = leaf
+        for _ in range(20_000):
+            value = [{"k": value}]
+        return value
+
+    assert same_json(nested("leaf"), nested("leaf"))
+    assert not same_json(nested("leaf"), nested("other"))

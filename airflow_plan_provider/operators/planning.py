@@ -8,7 +8,6 @@ pass off any output as a locked node's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -272,9 +271,33 @@ def verified_session(ti: Any, conf: Mapping[str, Any], run_id: str) -> SessionSt
     return state
 
 
-def _canonical(value: Any) -> str:
-    """A value as canonical JSON text: equal texts are equal JSON values (``true`` is not ``1``)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+def same_json(first: Any, second: Any) -> bool:
+    """Whether two decoded JSON documents are the same JSON value.
+
+    Numbers compare by value (a database may hand ``1e+20`` back as ``100000000000000000000``), but a
+    boolean is never a number (``true`` is not ``1``), and object keys and array order count. Iterative:
+    a deeply nested document cannot exhaust the stack.
+    """
+    pending = [(first, second)]
+    while pending:
+        a, b = pending.pop()
+        if isinstance(a, bool) or isinstance(b, bool):
+            if not (isinstance(a, bool) and isinstance(b, bool) and a == b):
+                return False
+        elif isinstance(a, int | float) and isinstance(b, int | float):
+            if a != b:
+                return False
+        elif isinstance(a, Mapping) and isinstance(b, Mapping):
+            if set(a) != set(b):
+                return False
+            pending.extend((a[key], b[key]) for key in a)
+        elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b, strict=True))
+        elif not ((a is None and b is None) or (isinstance(a, str) and isinstance(b, str) and a == b)):
+            return False
+    return True
 
 
 def _differing_keys(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
@@ -282,7 +305,7 @@ def _differing_keys(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[
     return [
         key
         for key in sorted(set(ours) | set(theirs))
-        if key not in ours or key not in theirs or _canonical(ours[key]) != _canonical(theirs[key])
+        if key not in ours or key not in theirs or not same_json(ours[key], theirs[key])
     ]
 
 
@@ -339,4 +362,4 @@ def _trigger_node(state: SessionState) -> str | None:
     return nodes[0] if nodes else None
 
 
-__all__ = ["PlanOperator", "PlanValidationError", "verified_session"]
+__all__ = ["PlanOperator", "PlanValidationError", "same_json", "verified_session"]
