@@ -8,6 +8,10 @@ Connection fields (conn type ``plan_llm``, default conn id ``plan_llm_default``)
   servers that need no key).
 * extra: ``{"model": "gpt-4o-mini", "organization": "org-...", "project": "proj_..."}``.
 
+The key is registered with Airflow's secrets masker as soon as it is read (:func:`mask_key`), so task
+logs hide it; every message built from what the endpoint sent goes through :func:`redact` as well,
+which removes any piece of the key of 8 or more characters before the text is cut to length.
+
 Why a conn type of our own rather than ``openai`` from apache-airflow-providers-openai: that provider
 is not a dependency, and adding it would install a package (with its own pins on ``openai``) only to
 borrow one connection type; registering ``openai`` ourselves would clash with that provider's
@@ -26,11 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.connection import Connection
 
 NO_KEY = "no-key"  # sent when neither the connection nor the environment holds a key
+LEAK = 8  # a piece of the key this long (or longer) is a leak; a shorter key is redacted whole
+REDACTED = "***"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,56 @@ class LLMSettings:
 
 def resolve_api_key(key: str | None) -> str:
     return key or os.environ.get("OPENAI_API_KEY") or NO_KEY
+
+
+def mask_key(key: str | None) -> None:
+    """Register ``key`` with Airflow's secrets masker (task process and supervisor), unless it is none."""
+    if key and key != NO_KEY:
+        mask_secret(key)
+
+
+def _key_spans(text: str, key: str) -> list[tuple[int, int]]:
+    """Merged ``(start, end)`` spans of ``text`` covered by some ``LEAK``-character piece of ``key``."""
+    if len(key) < LEAK:
+        spans, start = [], text.find(key)
+        while start >= 0:
+            spans.append((start, start + len(key)))
+            start = text.find(key, start + len(key))
+        return spans
+    pieces = {key[i : i + LEAK] for i in range(len(key) - LEAK + 1)}
+    merged: list[tuple[int, int]] = []
+    for start in range(len(text) - LEAK + 1):
+        if text[start : start + LEAK] in pieces:
+            if merged and merged[-1][1] >= start:
+                merged[-1] = (merged[-1][0], start + LEAK)
+            else:
+                merged.append((start, start + LEAK))
+    return merged
+
+
+def redact(text: str, key: str | None, limit: int = 300) -> str:
+    """``text`` fit for an error, a log line or a warning: at most ``limit`` characters, without the key.
+
+    Every run of ``LEAK`` (8) or more characters that also occurs in ``key`` (every occurrence of a
+    shorter key) becomes ``***`` *before* the text is cut, so a cut can never leave part of the key
+    behind; a cut text ends with ``...[N chars, cut]``. Only the first ``2 * limit + len(key)``
+    characters are looked at, so a huge text costs no more than a short one.
+
+    >>> redact("denied for sk-abcdefghijklmnop (ends in ...ijklmnop)", "sk-abcdefghijklmnop")
+    'denied for *** (ends in ...***)'
+    """
+    size = len(text)
+    secret = key if key and key != NO_KEY else ""
+    head = text[: 2 * limit + len(secret)]
+    if secret:
+        parts, last = [], 0
+        for start, end in _key_spans(head, secret):
+            parts += [head[last:start], REDACTED]
+            last = end
+        head = "".join(parts) + head[last:]
+    if len(head) > limit or size > 2 * limit + len(secret):
+        return f"{head[:limit]}...[{size} chars, cut]"
+    return head
 
 
 def base_url_from(host: str | None, scheme: str | None = None, port: int | None = None) -> str | None:
@@ -105,7 +162,10 @@ class PlanLLMHook(BaseHook):
 
     @cached_property
     def settings(self) -> LLMSettings:
-        return settings_from_connection(self.get_connection(self.llm_conn_id))
+        """The connection's settings; reading them registers the key with the secrets masker."""
+        settings = settings_from_connection(self.get_connection(self.llm_conn_id))
+        mask_key(settings.api_key)
+        return settings
 
     def get_conn(self) -> openai.OpenAI:
         """The client for this connection (created once per hook)."""
@@ -120,11 +180,8 @@ class PlanLLMHook(BaseHook):
             client = self.get_conn().with_options(max_retries=0, timeout=min(self.timeout, 15.0))
             models = [model.id for model in client.models.list()]
         except Exception as error:
-            text = str(error)
-            key = self.settings.api_key if "settings" in self.__dict__ else ""
-            if key and key != NO_KEY:
-                text = text.replace(key, "***")
-            return False, f"{type(error).__name__}: {text}"
+            key = self.settings.api_key if "settings" in self.__dict__ else None
+            return False, f"{type(error).__name__}: {redact(str(error), key, 500)}"
         where = settings.base_url or "the default OpenAI endpoint"
         if settings.model and models and settings.model not in models:
             return False, f"{where} does not list model {settings.model!r} (it lists {len(models)} model(s))"

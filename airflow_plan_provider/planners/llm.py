@@ -10,8 +10,9 @@ connection is read on the first :meth:`LLMPlanner.plan` call.
 
 Each call sends the plan rules, the tool catalog and the goal (or the replan context: the current plan
 with long values cut, the locked nodes' bounded summaries, the failed node's error and the affected
-ids). For a repair it adds the previous reply and every problem found in it. The reply is returned as
-text for the validator, so malformed JSON becomes a ``schema`` problem the model is asked to fix.
+ids). For a repair it adds the previous reply (its first few KB and its size when it is longer) and the
+problems found in it (the first ones and a count of the rest). The reply is returned as text for the
+validator, so malformed JSON becomes a ``schema`` problem the model is asked to fix.
 
 Structured output: ``response_format`` ``json_schema`` with ``strict: true`` and the wire schema of
 :mod:`airflow_plan_provider.planners.llm_prompt` (params as a JSON-encoded string, since strict mode
@@ -23,48 +24,49 @@ later one, and from ``json_object`` to no ``response_format``.
 Failures: the ``openai`` client retries 408/409/429/5xx, timeouts and connection errors with backoff
 (``max_retries``, honouring ``Retry-After``); ``timeout`` bounds each HTTP attempt and
 ``planning_timeout`` the whole :meth:`~LLMPlanner.plan` call. When they are spent, the planner raises
-:class:`PlanningError` with reason ``planner_unavailable``, naming the endpoint, model and status. The
-API key is never logged nor put in an error.
+:class:`PlanningError` with reason ``planner_unavailable``, naming the endpoint, model and status.
+
+Replies are untrusted bytes. The planner reads the HTTP body itself
+(:func:`~airflow_plan_provider.planners.llm_reply.read_completion`) rather than through the client's
+models, so every shape ends as a :class:`PlannerReply` or a :class:`PlanningError`: a body that is not
+a JSON object, or ``choices``/``message``/``content`` of the wrong type, raise ``planner_unavailable``
+naming what is wrong ("reply is not JSON", "choices is not a list", ...); token counts that are not
+non-negative integers are left out of the usage (unknown) and the plan is kept.
+
+The API key is registered with Airflow's secrets masker when it is read, and every message built from
+the endpoint's words (HTTP error bodies, refusals, excerpts of malformed replies) goes through
+:func:`~airflow_plan_provider.hooks.llm.redact`, which removes the key, and any 8+ character piece of
+it, before the text is cut to length.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 
 from airflow_plan_provider.exceptions import PlanningError
-from airflow_plan_provider.hooks.llm import NO_KEY, LLMSettings, PlanLLMHook, resolve_api_key
+from airflow_plan_provider.hooks.llm import LLMSettings, PlanLLMHook, mask_key, redact, resolve_api_key
 from airflow_plan_provider.planners.base import PlannerReply, PlanRequest
-from airflow_plan_provider.planners.llm_prompt import build_messages, decode_reply, wire_schema
+from airflow_plan_provider.planners.llm_prompt import build_messages, wire_schema
+from airflow_plan_provider.planners.llm_reply import MalformedReply, read_completion
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONN_ID = PlanLLMHook.default_conn_name
 FORMATS = ("json_schema", "json_object", "text")
-_FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)
 _RETRIED_STATUSES = (408, 409, 429)
 T = TypeVar("T")
 
 
 class _DeadlineExceeded(Exception):
     pass
-
-
-def strip_fence(text: str) -> str:
-    """The content of the first ``` fenced block when the text is not bare JSON; else the text."""
-    stripped = text.strip()
-    if stripped.startswith(("{", "[")):
-        return stripped
-    match = _FENCE.search(stripped)
-    return match.group(1).strip() if match else stripped
 
 
 def _run_until(deadline: float, call: Callable[[], T]) -> T:
@@ -88,19 +90,25 @@ def _run_until(deadline: float, call: Callable[[], T]) -> T:
     return cast(T, result["value"])
 
 
-def _rejects_response_format(error: openai.BadRequestError) -> bool:
-    text = f"{error.message} {error.body}".lower()
-    return "response_format" in text or "json_schema" in text or "response format" in text
+def _endpoint_words(error: openai.APIStatusError) -> str:
+    """What the endpoint said about an HTTP error: its JSON error message, else its text body.
 
-
-def _status_detail(error: openai.APIStatusError) -> str:
-    body = error.body
+    Not yet redacted; only strings are taken from the body, so no hostile structure is ever turned
+    into text.
+    """
+    body: Any = error.body
     if isinstance(body, dict):
         inner = body.get("error", body)
-        message = inner.get("message") if isinstance(inner, dict) else inner
-        if message:
-            return str(message)[:300]
-    return str(error.message)[:300]
+        body = inner.get("message") if isinstance(inner, dict) else inner
+    if isinstance(body, str) and body.strip():
+        return body
+    return str(error.message)
+
+
+def _rejects_response_format(error: openai.BadRequestError) -> bool:
+    param = error.body.get("param") if isinstance(error.body, dict) else None
+    text = f"{_endpoint_words(error)[:4000]} {param if isinstance(param, str) else ''}".lower()
+    return "response_format" in text or "json_schema" in text or "response format" in text
 
 
 class LLMPlanner:
@@ -134,6 +142,7 @@ class LLMPlanner:
         self.timeout = timeout
         self.planning_timeout = planning_timeout
         self._api_key = api_key
+        mask_key(api_key)
         self._format = 0 if structured_output else 1
         self._settings: LLMSettings | None = None
         self._client: openai.OpenAI | None = None
@@ -169,6 +178,7 @@ class LLMPlanner:
                 ) from None
         else:
             settings = LLMSettings(self.base_url, resolve_api_key(self._api_key), self.model)
+            mask_key(settings.api_key)  # the key may come from OPENAI_API_KEY
         settings = LLMSettings(
             settings.base_url,
             settings.api_key,
@@ -202,7 +212,7 @@ class LLMPlanner:
                 kind,
             )
             try:
-                completion = self._complete(client, settings, request, messages, deadline)
+                body, content_type = self._complete(client, settings, request, messages, deadline)
                 break
             except openai.BadRequestError as error:
                 if self._format + 1 < len(FORMATS) and _rejects_response_format(error):
@@ -210,15 +220,21 @@ class LLMPlanner:
                         "%s rejected response_format %s (%s); using %s from now on",
                         endpoint,
                         self.response_format,
-                        _status_detail(error),
+                        self._redact(_endpoint_words(error)),
                         FORMATS[self._format + 1],
                     )
                     self._format += 1
                     continue
                 raise self._unavailable(error, endpoint, settings) from None
-            except (openai.OpenAIError, _DeadlineExceeded) as error:
+            except Exception as error:  # the client's own errors, and anything a hostile reply provokes
                 raise self._unavailable(error, endpoint, settings) from None
-        return self._reply(completion)
+        try:
+            reply = read_completion(body, content_type)
+        except MalformedReply as error:
+            raise self._malformed(error, endpoint, settings) from None
+        if reply.usage:
+            log.info("LLM planner usage: %s", reply.usage)
+        return reply
 
     def _complete(
         self,
@@ -227,7 +243,9 @@ class LLMPlanner:
         request: PlanRequest,
         messages: list[ChatCompletionMessageParam],
         deadline: float,
-    ) -> ChatCompletion:
+    ) -> tuple[bytes, str]:
+        """Body and content type of one completion call's HTTP response (status 200: the client
+        raises for any other, after its own retries); the body is read here, not by the client."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _DeadlineExceeded
@@ -241,32 +259,39 @@ class LLMPlanner:
         elif self.response_format == "json_object":
             response_format = {"type": "json_object"}
         model = cast(str, settings.model)
-        return _run_until(
-            deadline,
-            lambda: client.chat.completions.create(
+
+        def call() -> tuple[bytes, str]:
+            response = client.chat.completions.with_raw_response.create(
                 model=model,
                 messages=messages,
                 temperature=self.temperature,
                 response_format=response_format,
                 stream=False,
                 timeout=min(self.timeout, remaining),
-            ),
-        )
+            )
+            return response.content, response.headers.get("content-type", "")
 
-    def _reply(self, completion: ChatCompletion) -> PlannerReply:
-        usage: dict[str, int] = {}
-        if completion.usage is not None:
-            usage = {
-                "prompt_tokens": completion.usage.prompt_tokens,
-                "completion_tokens": completion.usage.completion_tokens,
-            }
-            log.info("LLM planner usage: %s", usage)
-        if not completion.choices:
-            return PlannerReply(plan="", usage=usage)
-        message = completion.choices[0].message
-        if message.refusal:
-            raise PlanningError(f"the model refused to plan: {message.refusal[:500]}", reason="no_plan")
-        return PlannerReply(plan=decode_reply(strip_fence(message.content or "")), usage=usage)
+        return _run_until(deadline, call)
+
+    # --- errors -------------------------------------------------------------------------------
+    def _redact(self, text: str, limit: int = 300) -> str:
+        """Endpoint text fit for an error or a log line: the key removed first, then cut to ``limit``."""
+        return redact(text, self._settings.api_key if self._settings else self._api_key, limit)
+
+    def _malformed(self, error: MalformedReply, endpoint: str, settings: LLMSettings) -> PlanningError:
+        if error.refused:
+            message = f"the model refused to plan: {self._redact(error.text, 500)}"
+            reason = "no_plan"
+        else:
+            excerpt = f": {self._redact(error.text, 120)!r}" if error.text else ""
+            message = (
+                f"LLM planner unavailable: {endpoint} (model {settings.model!r}) sent a malformed reply: "
+                f"{error.what}{excerpt}"
+            )
+            reason = "planner_unavailable"
+        message = self._redact(message, 2000)
+        log.warning("%s", message)
+        return PlanningError(message, reason=reason, usage=[error.usage] if error.usage else [])
 
     def _unavailable(self, error: BaseException, endpoint: str, settings: LLMSettings) -> PlanningError:
         retries = f"retried up to {self.max_retries} time(s)"
@@ -280,11 +305,18 @@ class LLMPlanner:
         elif isinstance(error, openai.APIStatusError):
             status = error.status_code
             again = f" ({retries})" if status in _RETRIED_STATUSES or status >= 500 else ""
-            what = f"HTTP {status}: {_status_detail(error)}{again}"
+            what = f"HTTP {status}: {self._redact(_endpoint_words(error))}{again}"
         else:
-            what = f"{type(error).__name__}: {error}"
-        message = f"LLM planner unavailable: {endpoint} (model {settings.model!r}): {what}"
-        if len(settings.api_key) >= 4 and settings.api_key != NO_KEY:
-            message = message.replace(settings.api_key, "***")
+            what = f"{type(error).__name__}: {self._redact(_safe_str(error))}"
+        message = self._redact(
+            f"LLM planner unavailable: {endpoint} (model {settings.model!r}): {what}", 2000
+        )
         log.warning("%s", message)
         return PlanningError(message, reason="planner_unavailable")
+
+
+def _safe_str(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:  # a hostile value inside the error may not even turn into text
+        return "(no text)"

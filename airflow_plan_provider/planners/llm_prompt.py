@@ -6,6 +6,10 @@ every property required, ``additionalProperties: false`` everywhere, ``$ref`` in
 JSON-encoded string (as OpenAI's own function-call ``arguments`` do) and :func:`decode_reply` turns it
 back into an object. Optional fields that default to ``None`` are already nullable; the others
 (``goal``, ``edges``, ``optional``) are simply required.
+
+What goes back to the model is bounded whatever it sent: a repair request echoes the previous reply
+by summary (its first ``MAX_PREVIOUS`` characters and its size) and lists the first
+``MAX_REPORTED_PROBLEMS`` problems (each line cut to ``MAX_PROBLEM``) and a count of the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from airflow_plan_provider.plan.model import Plan
+from airflow_plan_provider.plan.problems import capped
 from airflow_plan_provider.planners.base import PlanRequest
 
 Path = tuple[str, ...]  # "*" stands for every item of a list
@@ -26,6 +31,8 @@ MAX_ERROR = 2000
 MAX_SUMMARY = 1000
 MAX_CONF = 4000
 MAX_TOOL_ENUM = 500
+MAX_PREVIOUS = 4000  # characters of the previous reply echoed in a repair request
+MAX_PROBLEM = 500  # characters of one problem line in a repair request
 
 
 @lru_cache(maxsize=1)
@@ -90,26 +97,51 @@ def _json_text(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, dict) else value
 
 
-def decode_reply(text: str) -> str:
-    """Wire form to plan form (JSON-encoded ``params`` become objects); text that is not JSON is kept."""
+def utf8_safe(text: str) -> str:
+    """``text`` with every lone surrogate replaced by ``?``.
+
+    ``"\\ud800"`` is a valid JSON escape, so a reply can carry one, but no UTF-8 can: left in, it
+    would make the next request to the model (or any later write of the plan) fail to encode.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _reshape(text: str, convert: Any) -> str:
+    """``text`` with ``convert`` applied at every JSON-encoded path, free of lone surrogates; text
+    that is not JSON (or nested too deeply to decode and encode again) is kept as it is, for the
+    validator to report."""
     try:
         data = json.loads(text)
-    except ValueError:
+        for path in _strict_plan_schema()[1]:
+            data = _convert(data, path, convert)
+        return utf8_safe(json.dumps(data, ensure_ascii=False))
+    except (ValueError, RecursionError):
         return text
-    for path in _strict_plan_schema()[1]:
-        data = _convert(data, path, _json_object)
-    return json.dumps(data)
+
+
+def decode_reply(text: str) -> str:
+    """Wire form to plan form (JSON-encoded ``params`` become objects); text that is not JSON is kept."""
+    return _reshape(text, _json_object)
 
 
 def encode_reply(text: str) -> str:
     """Plan form to wire form, to show the model its previous reply in the shape it must write."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    for path in _strict_plan_schema()[1]:
-        data = _convert(data, path, _json_text)
-    return json.dumps(data)
+    return _reshape(text, _json_text)
+
+
+def _wire_previous(text: str) -> str:
+    # re-encoding a huge reply only to cut it would be wasted work: it is echoed as it came
+    return encode_reply(text) if len(text) <= 4 * MAX_PREVIOUS else text
+
+
+def previous_reply(text: str) -> str:
+    """The previous reply as a repair request echoes it: in wire form, at most ``MAX_PREVIOUS``
+    characters (a longer one is cut and its size noted)."""
+    return _cut(_wire_previous(text), MAX_PREVIOUS)
 
 
 def bounded(value: Any, limit: int = MAX_TEXT) -> Any:
@@ -200,24 +232,34 @@ def replan_prompt(request: PlanRequest) -> str:
 
 
 def repair_prompt(request: PlanRequest) -> str:
+    """The problems of the previous reply: the first ones, each line bounded, and a count of the rest."""
+    shown, more = capped(request.problems)
     lines = []
-    for problem in request.problems:
+    for problem in shown:
         where = f"; nodes: {', '.join(problem.nodes)}" if problem.nodes else ""
         at = f"; at {problem.path}" if problem.path else ""
-        lines.append(f"- [{problem.code}] {problem.message}{where}{at}")
+        lines.append(_cut(f"- [{problem.code}] {problem.message}{where}{at}", MAX_PROBLEM))
+    if more:
+        lines.append(f"- ... and {more} more problem(s)")
+    size = len(_wire_previous(request.previous_reply or ""))
+    echoed = (
+        f"Your reply was {size} characters long; only its first {MAX_PREVIOUS} are shown above.\n"
+        if size > MAX_PREVIOUS
+        else ""
+    )
     what = "full replacement subgraph" if request.is_replan else "full plan"
     return (
-        f"Your reply has {len(request.problems)} problem(s):\n" + "\n".join(lines) + "\n\n"
+        f"{echoed}Your reply has {len(request.problems)} problem(s):\n" + "\n".join(lines) + "\n\n"
         f"Write the corrected {what} as one JSON object in the same format, fixing every problem."
     )
 
 
 def build_messages(request: PlanRequest) -> list[dict[str, str]]:
-    """System rules and catalog, the goal (or replan context), and for a repair the previous reply
-    and its problems."""
+    """System rules and catalog, the goal (or replan context), and for a repair a summary of the
+    previous reply and its problems."""
     task = replan_prompt(request) if request.is_replan else goal_prompt(request)
     messages = [{"role": "system", "content": system_prompt(request)}, {"role": "user", "content": task}]
     if request.problems:
-        messages.append({"role": "assistant", "content": encode_reply(request.previous_reply or "")})
+        messages.append({"role": "assistant", "content": previous_reply(request.previous_reply or "")})
         messages.append({"role": "user", "content": repair_prompt(request)})
-    return messages
+    return [{**message, "content": utf8_safe(message["content"])} for message in messages]

@@ -7,10 +7,15 @@ chat completions with scripted steps, in order::
         server.reply({"nodes": [...]})                  # a dict is JSON-encoded as the message content
         server.error(429, retry_after=1).reply("...")   # a rate limit, then a reply
         server.delay(5).reply("...")                    # the next step waits 5 s before answering
+        server.raw(b"<html>oops</html>", content_type="text/html")   # these exact bytes, status 200
+        server.raw({"choices": "abc"}, status=200)      # any JSON value as the whole body
         client = openai.OpenAI(base_url=server.base_url, api_key="sk-test")
 
 Once the script is spent, every further completion gets HTTP 500 with a message saying so.
-``server.requests`` records every request (method, path, lower-cased headers, parsed JSON body).
+``server.requests`` records every request (method, path, lower-cased headers, parsed JSON body, and
+its size in bytes); :meth:`OpenAITestServer.reset` drops the unserved steps and the recorded requests,
+so one server can serve many independent scripts (e.g. one per Hypothesis example).
+:func:`chat_completion` builds the body of a well-formed completion, to mutate in tests.
 
 Token usage is counted as whitespace-separated words: ``prompt_tokens`` over the text of every
 message of the request, ``completion_tokens`` over the reply content.
@@ -21,8 +26,10 @@ The server also runs as its own process, so Airflow workers in end-to-end tests 
         [--record requests.jsonl] [--reject-json-schema]
 
 It prints the base url on stdout and serves until terminated. The script file is a JSON list of
-steps: ``{"reply": "text" | {...}}``, ``{"error": 429, "body": ..., "retry_after": 2}`` or
-``{"delay": 1.5}`` (applies to the next step); a reply or error step may carry its own ``"delay"``.
+steps: ``{"reply": "text" | {...}}``, ``{"error": 429, "body": ..., "retry_after": 2}``,
+``{"raw": "body text" | <any JSON value>, "status": 200, "content_type": "text/html"}`` (the body
+served as is: a string verbatim, anything else JSON-encoded) or ``{"delay": 1.5}`` (applies to the
+next step); a reply, error or raw step may carry its own ``"delay"``.
 """
 
 from __future__ import annotations
@@ -43,17 +50,31 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Step:
-    """One scripted answer: a reply (``status`` 200) or an error."""
+    """One scripted answer: a reply (``status`` 200), an error, or ``raw`` bytes sent as they are."""
 
     status: int = 200
     content: str | None = None
     body: Any = None
     retry_after: float | None = None
     delay: float = 0.0
+    raw: bytes | None = None
+    content_type: str = "application/json"
 
     @classmethod
     def from_json(cls, item: Mapping[str, Any], delay: float = 0.0) -> Step:
         delay += float(item.get("delay", 0.0))
+        if "raw" in item:
+            raw = item["raw"]
+            if isinstance(raw, str):
+                raw = raw.encode("utf-8")
+            elif not isinstance(raw, bytes):
+                raw = json.dumps(raw).encode("utf-8")
+            return cls(
+                status=int(item.get("status", 200)),
+                raw=raw,
+                content_type=str(item.get("content_type", "application/json")),
+                delay=delay,
+            )
         if "reply" in item:
             content = item["reply"]
             return cls(content=content if isinstance(content, str) else json.dumps(content), delay=delay)
@@ -65,7 +86,7 @@ class Step:
                 retry_after=None if retry_after is None else float(retry_after),
                 delay=delay,
             )
-        raise ValueError(f"a step needs 'reply' or 'error': {dict(item)!r}")
+        raise ValueError(f"a step needs 'reply', 'error' or 'raw': {sorted(item)!r}")
 
 
 @dataclass
@@ -76,6 +97,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any = None
+    size: int = 0  # bytes of the request body as received
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -87,7 +109,13 @@ class RecordedRequest:
         return "\n".join(_content_text(m.get("content")) for m in self.messages)
 
     def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "headers": self.headers, "body": self.body}
+        return {
+            "method": self.method,
+            "path": self.path,
+            "headers": self.headers,
+            "body": self.body,
+            "size": self.size,
+        }
 
 
 def _content_text(content: Any) -> str:
@@ -157,6 +185,19 @@ class OpenAITestServer:
     def delay(self, seconds: float) -> OpenAITestServer:
         return self.add({"delay": seconds})
 
+    def raw(
+        self, body: bytes | str | Any, *, status: int = 200, content_type: str = "application/json"
+    ) -> OpenAITestServer:
+        """Answer the next completion with exactly ``body`` (bytes or text as is, else JSON-encoded)."""
+        return self.add({"raw": body, "status": status, "content_type": content_type})
+
+    def reset(self) -> OpenAITestServer:
+        """Forget the script (served or not) and the recorded requests."""
+        with self._lock:
+            self._script = _Script()
+            self.requests.clear()
+        return self
+
     @property
     def remaining_steps(self) -> int:
         with self._lock:
@@ -218,7 +259,7 @@ class OpenAITestServer:
             return step
 
     def answer(self, request: RecordedRequest) -> tuple[int, dict[str, str], Any]:
-        """Status, extra headers and JSON body for one request."""
+        """Status, extra headers and body (a JSON value, or bytes sent as they are) for one request."""
         self._record(request)
         if request.method == "GET" and request.path.rstrip("/") == "/v1/models":
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models]
@@ -239,6 +280,8 @@ class OpenAITestServer:
             return 500, {}, _error_body(message, "server_error")
         if step.delay:
             self._stopping.wait(step.delay)
+        if step.raw is not None:
+            return step.status, {"Content-Type": step.content_type}, step.raw
         if step.status != 200:
             headers = {} if step.retry_after is None else {"Retry-After": f"{step.retry_after:g}"}
             body = step.body if step.body is not None else _error_body(f"scripted HTTP {step.status}")
@@ -247,28 +290,37 @@ class OpenAITestServer:
 
     def _completion(self, body: Mapping[str, Any], content: str) -> dict[str, Any]:
         prompt = sum(count_tokens(_content_text(m.get("content"))) for m in body.get("messages", []))
-        completion = count_tokens(content)
         with self._lock:
             number = self._script.served
-        return {
-            "id": f"chatcmpl-test-{number}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": str(body.get("model", "test-model")),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content, "refusal": None},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
-        }
+        return chat_completion(
+            content, model=str(body.get("model", "test-model")), prompt_tokens=prompt, number=number
+        )
+
+
+def chat_completion(
+    content: str, *, model: str = "test-model", prompt_tokens: int = 0, number: int = 0
+) -> dict[str, Any]:
+    """The body of a well-formed chat completion whose one choice says ``content``."""
+    completion = count_tokens(content)
+    return {
+        "id": f"chatcmpl-test-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        },
+    }
 
 
 def _error_body(message: str, kind: str = "server_error", param: str | None = None) -> dict[str, Any]:
@@ -285,15 +337,16 @@ def _handler_for(server: OpenAITestServer) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = raw.decode("utf-8", "replace")
             headers = {name.lower(): value for name, value in self.headers.items()}
-            request = RecordedRequest(self.command, self.path, headers, body)
+            request = RecordedRequest(self.command, self.path, headers, body, len(raw))
             status, extra_headers, payload = server.answer(request)
             data = payload if isinstance(payload, bytes) else _encode(payload)
+            extra = {name.lower(): value for name, value in extra_headers.items()}
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", extra.pop("content-type", "application/json"))
                 self.send_header("Content-Length", str(len(data)))
                 self.send_header("x-request-id", f"req-test-{len(server.requests)}")
-                for name, value in extra_headers.items():
+                for name, value in extra.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
