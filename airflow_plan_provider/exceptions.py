@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_plan_provider.plan.problems import describe
+
 if TYPE_CHECKING:
     from airflow_plan_provider.plan.problems import Problem
 
@@ -25,16 +27,23 @@ class PlanProviderError(Exception):
 
 
 class PlanValidationError(PlanProviderError):
-    """A plan is invalid. ``problems`` holds every problem found, not only the first."""
+    """A plan is invalid. ``problems`` holds every problem found, not only the first.
+
+    The message lists the first :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS`
+    problems and counts the rest, so it stays small however many problems a plan has.
+    """
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"plan is invalid ({len(self.problems)} problem(s)):\n{lines}")
+        super().__init__(f"plan is invalid ({len(self.problems)} problem(s)):\n{describe(self.problems)}")
 
 
 class PlanningError(PlanProviderError):
-    """The planner could not produce a valid plan."""
+    """The planner could not produce a valid plan.
+
+    ``problems`` holds every problem of the last attempt; the message lists the first ones and counts
+    the rest, as :class:`PlanValidationError` does.
+    """
 
     def __init__(
         self,
@@ -48,7 +57,7 @@ class PlanningError(PlanProviderError):
         self.reason = reason
         self.usage = list(usage or [])  # token usage of every planner call made before giving up
         if self.problems:
-            message += "\n" + "\n".join(f"  - {p}" for p in self.problems)
+            message += "\n" + describe(self.problems)
         super().__init__(message)
 
 

@@ -10,11 +10,18 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from airflow_plan_provider.exceptions import PlanValidationError
+from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.problems import Problem
+from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.planners.base import (
+    PlanRequest,
+    plan_with_repairs,
+    rejected_problem_count,
+    rejected_summary,
+)
+from airflow_plan_provider.testing.scripted import ScriptedPlanner
 from airflow_plan_provider.tools.registry import ToolRegistry
 
 
@@ -537,3 +544,220 @@ def test_absent_output_is_a_missing_input() -> None:
 def test_double_dollar_escapes_a_reference() -> None:
     assert resolve("$${1}", OUTPUTS) == "${1}"
     assert resolve("cost $${1.p99} is ${1.p99}", OUTPUTS) == "cost ${1.p99} is 412.5"
+
+
+# --- size limits on what a node holds -------------------------------------------------------------------
+
+
+def nested_params(depth: int) -> dict[str, Any]:
+    """Params nesting ``depth`` containers in all, the params object included."""
+    value: Any = "leaf"
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return {"k": value}
+
+
+def test_param_too_large_names_node_path_size_and_limit() -> None:
+    plan = {"nodes": [node("1"), node("2", a=[{"b": "x" * 11}], c="y" * 10)]}
+    [problem] = problems_of(plan, limits=Limits(max_param_chars=10))
+    assert (problem.code, problem.nodes, problem.path) == (
+        "param_too_large",
+        ("2",),
+        "nodes[1].params.a[0].b",
+    )
+    assert problem.message == "node '2': params.a[0].b holds 11 characters; the limit is 10"
+
+
+def test_param_too_large_default_limit_is_64_kib() -> None:
+    assert Limits().max_param_chars == 64 * 1024
+    validate_plan({"nodes": [node("1", q="x" * 64 * 1024)]})
+    [problem] = problems_of({"nodes": [node("1", q="x" * (64 * 1024 + 1))]})
+    assert (problem.code, problem.path) == ("param_too_large", "nodes[0].params.q")
+
+
+def test_too_large_param_is_not_read_for_references() -> None:
+    [problem] = problems_of({"nodes": [node("1", q="${9} " * 5)]}, limits=Limits(max_param_chars=20))
+    assert problem.code == "param_too_large"
+
+
+def test_too_nested_names_node_path_and_limit() -> None:
+    validate_plan({"nodes": [{**node("1"), "params": nested_params(32)}]})
+    [problem] = problems_of({"nodes": [node("0"), {**node("1"), "params": nested_params(33)}]})
+    assert (problem.code, problem.nodes) == ("too_nested", ("1",))
+    assert problem.path == "nodes[1].params" + ".k" * 32
+    assert problem.message == "node '1': params nest dicts and lists deeper than 32 levels"
+
+
+def test_params_nested_10k_deep_are_a_problem_not_a_recursion_error() -> None:
+    plan = {"nodes": [{**node("1", "summarize"), "params": {"service": "x", "hours": nested_params(10_000)}}]}
+    for tools in (None, TOOLS):
+        [problem] = problems_of(plan, tools)  # with tools: not checked against the schema either
+        assert (problem.code, problem.nodes) == ("too_nested", ("1",))
+        assert len(problem.path) <= 600
+
+
+def test_param_depth_limit_is_configurable_up_to_the_resolver_ceiling() -> None:
+    plan = {"nodes": [{**node("1"), "params": nested_params(5)}]}
+    assert [p.code for p in problems_of(plan, limits=Limits(max_param_depth=4))] == ["too_nested"]
+    validate_plan(plan, limits=Limits(max_param_depth=5))
+    with pytest.raises(ValueError, match="max_param_depth must be at most 100"):
+        Limits(max_param_depth=101)
+
+
+@pytest.mark.parametrize("name", ["max_nodes", "max_depth", "max_param_chars", "max_text_chars"])
+@pytest.mark.parametrize("value", [0, -1, True, 2.5])
+def test_limits_must_be_positive_integers(name: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"Limits.{name} must be a positive integer"):
+        Limits(**{name: value})
+
+
+@pytest.mark.parametrize("field", ["action", "tool", "expected_outcome"])
+def test_too_long_action_tool_or_outcome(field: str) -> None:
+    plan = {"nodes": [{**node("1"), field: "x" * 2001}]}
+    [problem] = problems_of(plan)
+    assert (problem.code, problem.nodes, problem.path) == ("too_long", ("1",), f"nodes[0].{field}")
+    assert problem.message == f"node '1': {field} has 2001 characters; the limit is 2000"
+    validate_plan({"nodes": [{**node("1"), field: "x" * 2000}]})
+
+
+def test_too_many_edges() -> None:
+    plan = {"nodes": [node("1"), node("2")], "edges": [edge("1", "2")] * 3}
+    [problem] = problems_of(plan, limits=Limits(max_nodes=2, max_edges_per_node=1))
+    assert (problem.code, problem.message) == ("too_many_edges", "plan has 3 edges; the limit is 2")
+
+
+def test_plan_far_over_the_node_limit_is_rejected_for_its_size_alone() -> None:
+    """20k junk nodes: one problem, not 20k * k (the old validator built 80k problems)."""
+    plan = {"nodes": [{"id": "bad id", "junk": i} for i in range(20_000)], "x": 1}
+    problems = problems_of(plan, TOOLS)
+    assert [(p.code, p.message) for p in problems] == [
+        ("schema", "unknown top-level field 'x'"),
+        ("too_many_nodes", "plan has 20000 nodes; the limit is 200 (too many to check one by one)"),
+    ]
+
+
+def test_plan_a_little_over_the_node_limit_gets_every_problem() -> None:
+    plan = {"nodes": [node("1", "nope"), node("2"), node("3")], "edges": [edge("1", "9")]}
+    problems = problems_of(plan, TOOLS, Limits(max_nodes=2))
+    assert [p.code for p in problems] == [
+        "too_many_nodes",
+        "dangling_edge",
+        "unknown_tool",
+        "unknown_tool",
+        "unknown_tool",
+    ]
+
+
+def test_plan_far_over_the_edge_limit_is_rejected_for_its_size_alone() -> None:
+    plan = {"nodes": [node("1")], "edges": [{"junk": i} for i in range(50_000)]}
+    [problem] = problems_of(plan)
+    assert problem.message == "plan has 50000 edges; the limit is 2000 (too many to check one by one)"
+    # edges written as dependencies count once parsed
+    plan = {"nodes": [node("1"), {**node("2"), "dependencies": [str(i) for i in range(5000)]}]}
+    [problem] = problems_of(plan)
+    assert problem.code == "too_many_edges"
+
+
+def test_a_validated_plan_object_far_over_the_limit_is_rejected_for_its_size() -> None:
+    big = validate_plan({"nodes": [node(str(i)) for i in range(500)]}, limits=Limits(max_nodes=500))
+    [problem] = problems_of(big)
+    assert problem.message == "plan has 500 nodes; the limit is 200 (too many to check one by one)"
+
+
+# --- what problems and errors echo is bounded -------------------------------------------------------------
+
+
+def test_problems_quoting_huge_plan_text_are_clipped() -> None:
+    huge = "x" * 1_000_000
+    plan = {
+        "nodes": [
+            {**node("1"), huge: 1},
+            {**node("2", "t" * 1_000_000)},
+            {"id": huge, "action": "a", "tool": "t"},
+        ],
+        "edges": [edge(huge, "1")],
+        huge: 2,
+    }
+    problems = problems_of(plan, TOOLS)
+    assert {p.code for p in problems} == {"schema", "dangling_edge", "unknown_tool", "too_long"}
+    for problem in problems:
+        assert len(problem.message) <= 2100
+        assert len(problem.path) <= 600
+        assert all(len(n) <= 200 for n in problem.nodes)
+    dangling = only(problems, "dangling_edge")[0]
+    assert dangling.nodes == ("x" * 100 + "... (999900 more characters)", "1")  # node 1 did not parse
+
+
+def test_error_message_lists_the_first_problems_and_counts_the_rest() -> None:
+    plan = {"nodes": [node("1")], "edges": [edge("1", str(i)) for i in range(2, 102)]}
+    with pytest.raises(PlanValidationError) as caught:
+        validate_plan(plan)
+    error = caught.value
+    assert len(error.problems) == 100  # all of them, for programmatic use
+    lines = str(error).splitlines()
+    assert lines[0] == "plan is invalid (100 problem(s)):"
+    assert lines[1] == "  - " + str(error.problems[0])
+    assert lines[20] == "  - " + str(error.problems[19])
+    assert lines[21:] == ["  ... and 80 more problem(s)"]
+
+
+def test_planning_error_message_is_capped_and_keeps_every_problem() -> None:
+    problems = [Problem("bad_params", f"problem {i}", (str(i),)) for i in range(50)]
+    error = PlanningError("no valid plan", problems, reason="invalid_plan")
+    assert len(error.problems) == 50
+    lines = str(error).splitlines()
+    assert lines[0] == "no valid plan"
+    assert lines[1:21] == [f"  - bad_params: problem {i} [nodes: {i}]" for i in range(20)]
+    assert lines[21:] == ["  ... and 30 more problem(s)"]
+
+
+# --- the repair loop ------------------------------------------------------------------------------------
+
+
+def finish(raw: Any) -> ValidatedPlan:
+    return validate_plan(raw, TOOLS)
+
+
+def test_repair_attempts_must_not_be_negative() -> None:
+    planner = ScriptedPlanner({"nodes": [node("1")]})
+    request = PlanRequest(goal="g", tools=TOOLS)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="repair_attempts must be an integer of at least 0, got"):
+            plan_with_repairs(planner, request, finish, repair_attempts=bad)  # type: ignore[arg-type]
+    assert planner.requests == []
+
+
+def test_rejected_attempts_keep_the_first_problems_and_a_count() -> None:
+    bad = {"nodes": [node(str(i), "nope") for i in range(1, 51)]}
+    good = {"nodes": [node("1", "summarize", service="api")]}
+    planner = ScriptedPlanner(lambda request: good if request.problems else bad)
+    outcome = plan_with_repairs(planner, PlanRequest(goal="g", tools=TOOLS), finish, repair_attempts=1)
+    assert outcome.attempts == 2
+    [rejected] = outcome.rejected
+    assert len(rejected) == MAX_REPORTED_PROBLEMS + 1
+    assert [p["code"] for p in rejected[:-1]] == ["unknown_tool"] * MAX_REPORTED_PROBLEMS
+    assert rejected[-1] == {
+        "code": "more_problems",
+        "message": "... and 30 more problem(s)",
+        "nodes": [],
+        "path": "",
+        "more": 30,
+    }
+    assert rejected_problem_count(rejected) == 50
+    # the repair request still carries every problem; its prompt builder shortens them
+    assert len(planner.requests[1].problems) == 50
+
+
+def test_rejected_attempt_with_few_problems_has_no_marker() -> None:
+    rejected = rejected_summary([Problem("empty_plan", "plan has no nodes", path="nodes")])
+    assert rejected == [{"code": "empty_plan", "message": "plan has no nodes", "nodes": [], "path": "nodes"}]
+    assert rejected_problem_count(rejected) == 1
+
+
+def test_last_attempt_error_is_capped() -> None:
+    planner = ScriptedPlanner({"nodes": [node(str(i), "nope") for i in range(1, 51)]})
+    with pytest.raises(PlanningError) as caught:
+        plan_with_repairs(planner, PlanRequest(goal="g", tools=TOOLS), finish, repair_attempts=0)
+    assert len(caught.value.problems) == 50
+    assert str(caught.value).endswith("\n  ... and 30 more problem(s)")
+    assert len(str(caught.value).splitlines()) == 22

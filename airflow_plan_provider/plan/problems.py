@@ -17,9 +17,24 @@ ProblemCode = Literal[
     "bad_params",
     "bad_reference",
     "too_many_nodes",
+    "too_many_edges",
     "too_deep",
+    "too_nested",
+    "param_too_large",
+    "too_long",
     "locked_changed",
 ]
+
+MAX_MESSAGE_CHARS = 2000  # characters kept of a problem's message
+MAX_PATH_CHARS = 500  # characters kept of a problem's path
+MAX_NODE_CHARS = 100  # characters kept of each node named (a valid node id has at most 64)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` itself, or its first ``limit`` characters and how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,16 @@ class Problem:
     nodes: tuple[str, ...] = ()
     path: str = ""
     detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        # A problem may quote what a plan holds (an unknown field, an edge end, a param value): clip it
+        # so no problem is larger than a few kilobytes, whatever the plan held.
+        if len(self.message) > MAX_MESSAGE_CHARS:
+            object.__setattr__(self, "message", clip(self.message, MAX_MESSAGE_CHARS))
+        if len(self.path) > MAX_PATH_CHARS:
+            object.__setattr__(self, "path", clip(self.path, MAX_PATH_CHARS))
+        if any(len(node) > MAX_NODE_CHARS for node in self.nodes):
+            object.__setattr__(self, "nodes", tuple(clip(node, MAX_NODE_CHARS) for node in self.nodes))
 
     def __str__(self) -> str:
         where = f" [nodes: {', '.join(self.nodes)}]" if self.nodes else ""

@@ -17,7 +17,14 @@ from airflow_plan_provider.exceptions import PlanValidationError
 from airflow_plan_provider.plan.graph import topological_layers
 from airflow_plan_provider.plan.model import Edge, Node, Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import Problem
-from airflow_plan_provider.plan.references import contains_reference, iter_references
+from airflow_plan_provider.plan.references import (
+    MAX_DEPTH,
+    ParamsTooNested,
+    Reference,
+    contains_reference,
+    iter_strings,
+    references_in,
+)
 
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.registry import Tool
@@ -25,11 +32,53 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits. ``max_depth`` is the number of layers a plan may have (the DAG's layer tasks)."""
+    """Size limits on a plan.
+
+    ``max_nodes`` caps the nodes and ``max_depth`` the layers (the DAG's layer tasks); a plan may have
+    ``max_edges_per_node`` times ``max_nodes`` edges (:attr:`max_edges`; ``dependencies`` count as
+    edges). The rest bound what one node holds, so that a plan from an untrusted planner or conf costs
+    little to check and to store:
+    ``max_param_depth`` levels of dicts and lists in ``params`` (the params object is level 1),
+    ``max_param_chars`` characters in one string inside ``params`` (64 KiB: room for a query or a
+    prompt; larger data belongs in an upstream output, passed by reference), and ``max_text_chars``
+    characters in a node's ``action``, ``tool`` or ``expected_outcome`` (a few words each).
+    """
 
     max_nodes: int = 200
     max_depth: int = 10
+    max_edges_per_node: int = 10
+    max_param_depth: int = 32
+    max_param_chars: int = 64 * 1024
+    max_text_chars: int = 2000
 
+    def __post_init__(self) -> None:
+        for name in (
+            "max_nodes",
+            "max_depth",
+            "max_edges_per_node",
+            "max_param_depth",
+            "max_param_chars",
+            "max_text_chars",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive integer, got {value!r}")
+        if self.max_param_depth > MAX_DEPTH:
+            # resolving references at run time walks params up to MAX_DEPTH levels only
+            raise ValueError(
+                f"Limits.max_param_depth must be at most {MAX_DEPTH}, got {self.max_param_depth}"
+            )
+
+    @property
+    def max_edges(self) -> int:
+        """The most edges a plan may have: ``max_edges_per_node`` times ``max_nodes``."""
+        return self.max_edges_per_node * self.max_nodes
+
+
+UNCHECKED_OVER = 2
+"""A plan of more than this many times ``Limits.max_nodes`` nodes (or ``Limits.max_edges`` edges) is
+rejected for its size alone, without checking node by node: a plan a little over the limit gets every
+problem reported, a huge one costs no more to reject than a small one."""
 
 _NODES: TypeAdapter[list[Node]] = TypeAdapter(list[Node])
 _EDGES: TypeAdapter[list[Edge]] = TypeAdapter(list[Edge])
@@ -46,8 +95,38 @@ def _schema_problems(error: ValidationError, prefix: str, nodes: tuple[str, ...]
     ]
 
 
-def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
-    """Parse element by element so one malformed node does not hide the problems of the others."""
+def _size_problems(nodes: int, edges: int, limits: Limits, unchecked: bool = False) -> list[Problem]:
+    """``too_many_nodes`` / ``too_many_edges`` for a plan of ``nodes`` nodes and ``edges`` edges."""
+    more = " (too many to check one by one)" if unchecked else ""
+    problems = []
+    if nodes > limits.max_nodes:
+        problems.append(
+            Problem("too_many_nodes", f"plan has {nodes} nodes; the limit is {limits.max_nodes}{more}")
+        )
+    if edges > limits.max_edges:
+        problems.append(
+            Problem("too_many_edges", f"plan has {edges} edges; the limit is {limits.max_edges}{more}")
+        )
+    return problems
+
+
+def _unchecked(nodes: int, edges: int, limits: Limits) -> bool:
+    return nodes > UNCHECKED_OVER * limits.max_nodes or edges > UNCHECKED_OVER * limits.max_edges
+
+
+def _raw_id(raw_node: Any) -> tuple[str, ...]:
+    """The id of a node that failed to parse, to name it in its problems, if it is a plain value."""
+    node_id = raw_node.get("id") if isinstance(raw_node, Mapping) else None
+    return (str(node_id),) if isinstance(node_id, str | int | float) and str(node_id) else ()
+
+
+def _parse(raw: Any, limits: Limits | None = None) -> tuple[Plan | None, list[Problem]]:
+    """Parse element by element so one malformed node does not hide the problems of the others.
+
+    With ``limits``, a plan of more than :data:`UNCHECKED_OVER` times ``limits.max_nodes`` nodes or
+    ``limits.max_edges`` edges (in ``edges``) is not parsed further: its only problems are its size and
+    those of its top-level fields.
+    """
     if isinstance(raw, Plan):
         return raw, []
     if isinstance(raw, str | bytes):
@@ -66,7 +145,7 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
     goal = raw.get("goal", "")
     if not isinstance(goal, str):
         problems.append(Problem("schema", "goal must be a string", path="goal"))
-        goal = str(goal)
+        goal = ""
     raw_nodes, raw_edges = raw.get("nodes"), raw.get("edges", [])
     if not isinstance(raw_nodes, list):
         problems.append(Problem("schema", "'nodes' must be a list of nodes", path="nodes"))
@@ -74,6 +153,8 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
     if not isinstance(raw_edges, list):
         problems.append(Problem("schema", "'edges' must be a list of edges", path="edges"))
         raw_edges = []
+    if limits is not None and _unchecked(len(raw_nodes), len(raw_edges), limits):
+        return None, [*problems, *_size_problems(len(raw_nodes), len(raw_edges), limits, unchecked=True)]
     nodes: list[Node] = []
     try:
         nodes = _NODES.validate_python(raw_nodes)  # the whole list at once; element by element on failure
@@ -82,8 +163,7 @@ def _parse(raw: Any) -> tuple[Plan | None, list[Problem]]:
             try:
                 nodes.append(Node.model_validate(item))
             except ValidationError as error:
-                node_id = str(item.get("id")) if isinstance(item, Mapping) and "id" in item else ()
-                problems += _schema_problems(error, f"nodes[{index}]", (node_id,) if node_id else ())
+                problems += _schema_problems(error, f"nodes[{index}]", _raw_id(item))
     edges: list[Edge] = []
     try:
         edges = _EDGES.validate_python(raw_edges)
@@ -184,15 +264,58 @@ def _fast_check(schema: Any) -> Check | None:
     return None
 
 
-def _may_hold_reference(params: dict[str, Any]) -> bool:
-    """False when no value can hold a reference (flat params without ``${``): skips the full walk."""
+def _needs_reading(params: dict[str, Any], max_chars: int) -> bool:
+    """False for flat params with no string to read (no ``${``, none too large): the common case."""
     for value in params.values():
         if isinstance(value, str):
-            if "${" in value:
+            if "${" in value or len(value) > max_chars:
                 return True
         elif isinstance(value, Mapping | list):
             return True
     return False
+
+
+def _scan_params(node: Node, index: int, limits: Limits) -> tuple[list[Reference], list[Problem], bool]:
+    """The references in a node's params, the params' size problems (``too_nested``,
+    ``param_too_large``), and whether the params nest too deeply (then they are not read further)."""
+    references: list[Reference] = []
+    problems: list[Problem] = []
+    try:
+        for location, text in iter_strings(node.params, max_depth=limits.max_param_depth):
+            if len(text) > limits.max_param_chars:
+                problems.append(
+                    Problem(
+                        "param_too_large",
+                        f"node {node.id!r}: {location} holds {len(text)} characters; "
+                        f"the limit is {limits.max_param_chars}",
+                        (node.id,),
+                        path=f"nodes[{index}].{location}",
+                    )
+                )
+            else:
+                references += references_in(text, location)
+    except ParamsTooNested as error:
+        message = f"node {node.id!r}: params nest dicts and lists deeper than {limits.max_param_depth} levels"
+        return [], [Problem("too_nested", message, (node.id,), path=f"nodes[{index}].{error.location}")], True
+    return references, problems, False
+
+
+def _text_problems(node: Node, index: int, limits: Limits) -> list[Problem]:
+    """A ``too_long`` problem for each of the node's action, tool and expected outcome over the limit."""
+    problems = []
+    for name in ("action", "tool", "expected_outcome"):
+        text = getattr(node, name)
+        if text is not None and len(text) > limits.max_text_chars:
+            problems.append(
+                Problem(
+                    "too_long",
+                    f"node {node.id!r}: {name} has {len(text)} characters; "
+                    f"the limit is {limits.max_text_chars}",
+                    (node.id,),
+                    path=f"nodes[{index}].{name}",
+                )
+            )
+    return problems
 
 
 def _param_problems(node: Node, tool: Tool) -> list[Problem]:
@@ -247,7 +370,10 @@ def validate_plan(
     """Check a plan and compute its layers.
 
     ``tools`` maps tool names to tools; when given, unknown tools and params that break a tool's
-    argument schema are problems. Raises :class:`PlanValidationError` listing every problem.
+    argument schema are problems. ``limits`` bounds the plan's size (:class:`Limits`); a plan far over
+    the node or edge limit is rejected for its size alone (:data:`UNCHECKED_OVER`), and a node whose
+    params nest too deeply gets that one problem, its params not read further. Raises
+    :class:`PlanValidationError` listing every problem.
 
     >>> plan = validate_plan({"nodes": [{"id": "1", "action": "a", "tool": "t"},
     ...                                 {"id": "2", "action": "b", "tool": "t", "dependencies": ["1"]}]})
@@ -255,15 +381,16 @@ def validate_plan(
     [['1'], ['2']]
     """
     limits = limits or Limits()
-    parsed, problems = _parse(plan)
+    parsed, problems = _parse(plan, limits)
     if parsed is None:
         raise PlanValidationError(problems)
     if not parsed.nodes and not problems:
         problems.append(Problem("empty_plan", "plan has no nodes", path="nodes"))
-    if len(parsed.nodes) > limits.max_nodes:
-        problems.append(
-            Problem("too_many_nodes", f"plan has {len(parsed.nodes)} nodes; the limit is {limits.max_nodes}")
+    if _unchecked(len(parsed.nodes), len(parsed.edges), limits):  # a Plan, or edges from dependencies
+        raise PlanValidationError(
+            [*problems, *_size_problems(len(parsed.nodes), len(parsed.edges), limits, unchecked=True)]
         )
+    problems += _size_problems(len(parsed.nodes), len(parsed.edges), limits)
 
     counts = Counter(node.id for node in parsed.nodes)
     for node_id, count in counts.items():
@@ -274,26 +401,26 @@ def validate_plan(
     soft: set[tuple[str, str]] = set()
 
     for index, edge in enumerate(parsed.edges):
-        missing = [end for end in (edge.source, edge.target) if end not in ids]
+        source, target = edge.source, edge.target
+        if source in ids and target in ids and source != target:  # the common case first
+            parents[target].add(source)
+            if edge.optional:
+                soft.add((source, target))
+            continue
+        missing = [end for end in (source, target) if end not in ids]
         if missing:
             problems.append(
                 Problem(
                     "dangling_edge",
-                    f"edge {edge.source} -> {edge.target} names unknown node(s) {', '.join(missing)}",
+                    f"edge {source} -> {target} names unknown node(s) {', '.join(missing)}",
                     tuple(missing),
                     path=f"edges[{index}]",
                 )
             )
-        elif edge.source == edge.target:
-            problems.append(
-                Problem(
-                    "self_loop", f"node {edge.source!r} depends on itself", (edge.source,), f"edges[{index}]"
-                )
-            )
         else:
-            parents[edge.target].add(edge.source)
-            if edge.optional:
-                soft.add((edge.source, edge.target))
+            problems.append(
+                Problem("self_loop", f"node {source!r} depends on itself", (source,), f"edges[{index}]")
+            )
 
     # A parent with a hard edge and a soft edge is hard.
     hard = {(e.source, e.target) for e in parsed.edges if not e.optional}
@@ -301,6 +428,13 @@ def validate_plan(
 
     fast_checks: dict[str, Check | None] = {}
     for index, node in enumerate(parsed.nodes):
+        if len(node.action) + len(node.tool) + len(node.expected_outcome or "") > limits.max_text_chars:
+            problems += _text_problems(node, index, limits)
+        references, size_problems, nested = (
+            _scan_params(node, index, limits)
+            if _needs_reading(node.params, limits.max_param_chars)
+            else ([], [], False)
+        )
         if tools is not None:
             tool = tools.get(node.tool)
             if tool is None:
@@ -313,13 +447,14 @@ def validate_plan(
                         path=f"nodes[{index}].tool",
                     )
                 )
-            else:
+            elif not nested:  # too nested params are reported alone; checking them is unbounded work
                 if node.tool not in fast_checks:
                     fast_checks[node.tool] = _fast_check(tool.args_schema)
                 fast_check = fast_checks[node.tool]
                 if fast_check is None or not fast_check(node.params):
                     problems += _param_problems(node, tool)
-        for ref in iter_references(node.params) if _may_hold_reference(node.params) else ():
+        problems += size_problems
+        for ref in references:
             if ref.node_id not in ids:
                 problems.append(
                     Problem(

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import Problem
+from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem, capped
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.tools.registry import ToolRegistry
 
@@ -74,7 +74,25 @@ class PlanningOutcome:
     plan: ValidatedPlan
     attempts: int
     usage: list[dict[str, int]]
-    rejected: list[list[dict[str, Any]]]  # problems of each rejected attempt
+    # Problems of each rejected attempt, as dicts: the first MAX_REPORTED_PROBLEMS, then (when more)
+    # one marker {"code": "more_problems", "more": N, ...} counting the rest; see rejected_problem_count.
+    rejected: list[list[dict[str, Any]]]
+
+
+def rejected_summary(problems: list[Problem]) -> list[dict[str, Any]]:
+    """The problems of one rejected attempt as kept in :attr:`PlanningOutcome.rejected`: the first
+    :data:`MAX_REPORTED_PROBLEMS` as dicts, then a ``more_problems`` marker counting the rest."""
+    shown, more = capped(problems, MAX_REPORTED_PROBLEMS)
+    summary = [p.to_dict() for p in shown]
+    if more:
+        message = f"... and {more} more problem(s)"
+        summary.append({"code": "more_problems", "message": message, "nodes": [], "path": "", "more": more})
+    return summary
+
+
+def rejected_problem_count(summary: list[dict[str, Any]]) -> int:
+    """How many problems the attempt behind one entry of :attr:`PlanningOutcome.rejected` had."""
+    return sum(p.get("more", 0) if p.get("code") == "more_problems" else 1 for p in summary)
 
 
 def _reply_text(raw: Any) -> str:
@@ -99,7 +117,10 @@ def plan_with_repairs(
     ``finish`` validates a fresh plan, or merges a replacement subgraph and validates the result; it
     raises :class:`PlanValidationError`. Raises :class:`PlanningError` with reason ``no_plan`` when the
     planner has no plan, or ``invalid_plan`` with every remaining problem when repairs run out.
+    Raises :class:`ValueError` when ``repair_attempts`` is not an integer of at least 0.
     """
+    if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
+        raise ValueError(f"repair_attempts must be an integer of at least 0, got {repair_attempts!r}")
     usage: list[dict[str, int]] = []
     rejected: list[list[dict[str, Any]]] = []
     current = request
@@ -116,7 +137,7 @@ def plan_with_repairs(
         try:
             return PlanningOutcome(finish(reply.plan), attempt, usage, rejected)
         except PlanValidationError as error:
-            rejected.append([p.to_dict() for p in error.problems])
+            rejected.append(rejected_summary(error.problems))
             if attempt > repair_attempts:
                 raise PlanningError(
                     f"no valid plan after {attempt} attempt(s) ({repair_attempts} repair(s))",
