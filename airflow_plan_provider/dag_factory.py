@@ -173,7 +173,7 @@ def build_plan_dag(
         )
         [plan, previous] >> finalize
         if replan:
-            finalize >> ReplanOperator(task_id=REPLAN_TASK)
+            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id)
     return dag
 
 

@@ -24,6 +24,7 @@ from airflow_plan_provider.operators._xcom import (
     SESSION_KEY,
     eager_order,
 )
+from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
@@ -59,6 +60,7 @@ class PlanOperator(BaseOperator):
     """
 
     ui_color = "#d9e8fb"
+    operator_extra_links = (ParentRunLink(),)
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class PlanOperator(BaseOperator):
         self.tools = tools
         self.limits = limits or Limits()
         self.repair_attempts = repair_attempts
+        self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
     def execute(self, context: Any) -> list[str]:
         ti = context["ti"]
@@ -89,6 +92,7 @@ class PlanOperator(BaseOperator):
         except PlanningError as error:
             # nothing of the rejected session is kept: a fresh state reports the rejection
             self._fail(ti, SessionState(root_run_id=run_id, run_ids=[run_id], eager=self.eager), error)
+        self.parent_run_id = state.parent_run_id
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal

@@ -20,13 +20,17 @@ class ReplanOperator(TriggerDagRunOperator):
     report the outcome of the whole chain (XCom ``return_value``); fail when the chain failed.
 
     Skips itself when finalize prepared no replan.
+
+    :param trigger_dag_id: the id of the plan DAG this task belongs to: a replan run is a run of the same
+        DAG. Given when the DAG is built, because Airflow's "Triggered DAG" link on this task reads it from
+        the task as parsed (a deferred task resumes in a new process, without anything ``execute`` set).
     """
 
     ui_color = "#f7e1f5"
 
-    def __init__(self, *, poke_interval: int = 2, **kwargs: Any) -> None:
-        kwargs.setdefault("trigger_dag_id", "__set_at_runtime__")
+    def __init__(self, *, trigger_dag_id: str, poke_interval: int = 2, **kwargs: Any) -> None:
         super().__init__(
+            trigger_dag_id=trigger_dag_id,
             wait_for_completion=True,
             deferrable=True,
             poke_interval=poke_interval,
@@ -41,7 +45,11 @@ class ReplanOperator(TriggerDagRunOperator):
         if not conf:
             raise AirflowSkipException("no replan was prepared")
         session = conf["session"]
-        self.trigger_dag_id = ti.dag_id
+        if self.trigger_dag_id != ti.dag_id:
+            raise AirflowFailException(
+                f"replan task {ti.task_id!r} has trigger_dag_id {self.trigger_dag_id!r}; a replan run is a run "
+                f"of the same DAG, {ti.dag_id!r}"
+            )
         self.conf = conf
         self.trigger_run_id = replan_run_id(session["root_run_id"], session["revision"])
         self.note = f"revision {session['revision']} of {session['root_run_id']} (parent {ti.run_id})"
