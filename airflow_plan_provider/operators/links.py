@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperatorLink
 
 
 class ParentRunLink(BaseOperatorLink):
-    """"Parent run": the run whose replan started this one (empty on a session's first run).
+    """The "Parent run" link: the run whose replan started this one (empty on a session's first run).
 
     Airflow computes the link on the worker when the task ends and keeps it as an XCom; the planning task
     sets ``parent_run_id`` only from a session it verified, never from a conf taken on trust.

@@ -47,8 +47,8 @@ class ReplanOperator(TriggerDagRunOperator):
         session = conf["session"]
         if self.trigger_dag_id != ti.dag_id:
             raise AirflowFailException(
-                f"replan task {ti.task_id!r} has trigger_dag_id {self.trigger_dag_id!r}; a replan run is a run "
-                f"of the same DAG, {ti.dag_id!r}"
+                f"replan task {ti.task_id!r} has trigger_dag_id {self.trigger_dag_id!r}; a replan run is "
+                f"a run of the same DAG, {ti.dag_id!r}"
             )
         self.conf = conf
         self.trigger_run_id = replan_run_id(session["root_run_id"], session["revision"])
