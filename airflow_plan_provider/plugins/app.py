@@ -1,0 +1,87 @@
+"""The plan view's HTTP routes, mounted in the Airflow API server by :class:`~.plugin.PlanViewPlugin`.
+
+``GET <prefix>/dags/{dag_id}/runs/{run_id}`` is the page (one static HTML document with inline script
+and SVG); ``GET <prefix>/data/dags/{dag_id}/runs/{run_id}`` is the JSON it polls. Both ask Airflow's
+auth manager for read access to the DAG's runs, task instances and XComs, as the REST API does for the
+same data: no route answers without it (401 without a token, 403 without the permissions).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from functools import cache
+from importlib.resources import files
+from typing import Any
+from urllib.parse import quote
+
+from airflow._shared.secrets_masker import redact
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi.responses import HTMLResponse
+
+from airflow_plan_provider.plugins.data import plan_view
+from airflow_plan_provider.plugins.store import load_chain
+
+URL_PREFIX = "/plan-view"
+
+
+def create_app() -> FastAPI:
+    """The FastAPI app of the plan view (mounted at :data:`URL_PREFIX`)."""
+    access = [
+        Depends(requires_access_dag(method="GET", access_entity=entity))
+        for entity in (DagAccessEntity.RUN, DagAccessEntity.TASK_INSTANCE, DagAccessEntity.XCOM)
+    ]
+    app = FastAPI(title="Plan view", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse, dependencies=access)
+    def page(dag_id: str, run_id: str, request: Request) -> HTMLResponse:
+        view_base, _ui_base = _bases(request)
+        config = {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "data_url": f"{view_base}/data/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}",
+        }
+        nonce = secrets.token_urlsafe(16)
+        html = _page_template().replace("__NONCE__", nonce).replace("__CONFIG__", _script_json(config))
+        return HTMLResponse(
+            html,
+            headers={
+                "Content-Security-Policy": (
+                    f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+                    "connect-src 'self'; img-src 'self' data:; frame-ancestors 'self'; base-uri 'none'"
+                ),
+                "X-Content-Type-Options": "nosniff",
+                "Cache-Control": "no-store",
+            },
+        )
+
+    @app.get("/data/dags/{dag_id}/runs/{run_id}", dependencies=access)
+    def data(dag_id: str, run_id: str, request: Request, session: SessionDep) -> dict[str, Any]:
+        chain = load_chain(session, dag_id, run_id)
+        if chain is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} has no run {run_id!r}")
+        view_base, ui_base = _bases(request)
+        return plan_view(dag_id, run_id, chain, redact=redact, ui_base=ui_base, view_base=view_base)
+
+    return app
+
+
+def _bases(request: Request) -> tuple[str, str]:
+    """The path of this app (its mount point under the API server's root path), and the UI's root path."""
+    view_base = str(request.scope.get("root_path", "")).rstrip("/")
+    if not view_base.endswith(URL_PREFIX):
+        view_base += URL_PREFIX
+    return view_base, view_base.removesuffix(URL_PREFIX)
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside an HTML ``<script>`` element (no ``</script>``, no ``<!--``)."""
+    return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@cache
+def _page_template() -> str:
+    return files("airflow_plan_provider.plugins").joinpath("plan_view.html").read_text(encoding="utf-8")

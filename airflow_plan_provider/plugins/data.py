@@ -1,0 +1,410 @@
+"""What the plan view shows, assembled from a session's runs: plain data in, a JSON document out.
+
+A session is a chain of runs of one DAG: the root run (revision 0) and one replan run per revision,
+``<root>__replan_<n>``. For each run the view needs what its tasks left behind: the ``plan`` task's
+XComs ``plan`` and ``session``, each node task's ``node`` record, ``finalize``'s result and replan
+conf, and the state of every task instance. :class:`RunData` holds that for one run (the API server
+reads it from the metadata database, see :mod:`.store`); :func:`session_chain` picks the runs that
+belong to the session; :func:`plan_view` turns them into the document the page draws.
+
+Only what the provider itself recorded joins the chain: a run whose id looks like a replan run's joins
+only when its own verified session (or, before its planning task ran, its parent's prepared replan)
+names the same root, revision and parent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import ValidationError
+
+from airflow_plan_provider.operators._xcom import (
+    FINALIZE_TASK,
+    NODE_KEY,
+    PLAN_KEY,
+    PLAN_TASK,
+    PLANNING_ERROR_KEY,
+    REPLAN_CONF_KEY,
+    REPLAN_TASK,
+    RESULT_KEY,
+    SESSION_KEY,
+    node_location,
+)
+from airflow_plan_provider.operators.replan import replan_run_id
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
+from airflow_plan_provider.plan.result import summarize
+
+#: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
+XCOM_KEYS: tuple[tuple[str, str], ...] = (
+    (PLAN_TASK, PLAN_KEY),
+    (PLAN_TASK, SESSION_KEY),
+    (PLAN_TASK, PLANNING_ERROR_KEY),
+    (FINALIZE_TASK, RESULT_KEY),
+    (FINALIZE_TASK, REPLAN_CONF_KEY),
+    (REPLAN_TASK, RESULT_KEY),
+)
+MAX_CHAIN = 50  # replan runs looked for after a root, whatever its budget says
+PARAM_CHARS = 2000  # a resolved param longer than this (as JSON) is shown summarized
+FINISHED_RUN_STATES = frozenset({"success", "failed"})
+
+Redact = Callable[[Any], Any]
+
+
+@dataclass
+class RunData:
+    """What one run of a plan DAG left behind, as read from Airflow.
+
+    ``xcoms`` maps ``(task_id, map_index, key)`` to the value as the task pushed it; ``tis`` maps
+    ``(task_id, map_index)`` to the task instance's ``state``, ``try_number``, ``start_date``,
+    ``end_date``, ``duration`` (seconds) and ``hostname``.
+    """
+
+    run_id: str
+    state: str | None = None
+    start_date: str | None = None
+    end_date: str | None = None
+    note: str | None = None
+    xcoms: dict[tuple[str, int, str], Any] = field(default_factory=dict)
+    tis: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+
+    def xcom(self, task_id: str, key: str) -> Any:
+        return self.xcoms.get((task_id, -1, key))
+
+    @property
+    def session(self) -> dict[str, Any] | None:
+        value = self.xcom(PLAN_TASK, SESSION_KEY)
+        return value if isinstance(value, dict) else None
+
+    @property
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Node id → the record its task pushed."""
+        found: dict[str, dict[str, Any]] = {}
+        for (_task, _index, key), value in sorted(self.xcoms.items(), key=lambda item: item[0][:2]):
+            if key == NODE_KEY and isinstance(value, dict) and isinstance(value.get("node_id"), str):
+                found[value["node_id"]] = value
+        return found
+
+
+def root_of(run: RunData) -> tuple[str, int]:
+    """The root run id the run's own session names, and how many replan runs to look for after it."""
+    session = run.session or {}
+    root = session.get("root_run_id") or run.run_id
+    budgets = session.get("budgets") or {}
+    max_replans = budgets.get("max_replans") if isinstance(budgets, dict) else None
+    count = max_replans if isinstance(max_replans, int) and max_replans >= 0 else 3
+    return str(root), min(count, MAX_CHAIN)
+
+
+def chain_candidates(root: str, max_replans: int) -> list[str]:
+    """The run ids a session rooted at ``root`` may have, in order."""
+    return [root] + [replan_run_id(root, revision) for revision in range(1, max_replans + 1)]
+
+
+def session_chain(opened: str, runs: Mapping[str, RunData]) -> list[RunData]:
+    """The runs of the session ``opened`` belongs to, root first, as far as they are verified.
+
+    ``runs`` holds the opened run and the candidates of its root (:func:`chain_candidates`). A run
+    that is not part of a verified chain is shown alone.
+    """
+    root_id, _count = root_of(runs[opened])
+    root = runs.get(root_id)
+    chain: list[RunData] = []
+    if root is not None and (root.session or {}).get("root_run_id", root_id) == root_id:
+        chain.append(root)
+        revision = 1
+        while (child := runs.get(replan_run_id(root_id, revision))) is not None:
+            if not _is_child(chain[-1], child, root_id, revision):
+                break
+            chain.append(child)
+            revision += 1
+    if all(run.run_id != opened for run in chain):
+        return [runs[opened]]
+    return chain
+
+
+def _is_child(parent: RunData, child: RunData, root: str, revision: int) -> bool:
+    session = child.session
+    if session is not None:
+        return (
+            session.get("root_run_id") == root
+            and session.get("revision") == revision
+            and session.get("parent_run_id") == parent.run_id
+        )
+    # not planned yet: the run its parent's replan task starts
+    prepared = parent.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)
+    prepared_session = prepared.get("session") if isinstance(prepared, dict) else None
+    return isinstance(prepared_session, dict) and prepared_session.get("revision") == revision
+
+
+def plan_view(
+    dag_id: str,
+    opened: str,
+    chain: Sequence[RunData],
+    *,
+    redact: Redact = lambda value: value,
+    ui_base: str = "",
+    view_base: str = "",
+) -> dict[str, Any]:
+    """The plan view's document for run ``opened`` of ``dag_id``, from the session's runs (root first).
+
+    ``redact`` hides secrets in params (Airflow's secrets masker in the API server); ``ui_base`` and
+    ``view_base`` prefix the links to a run's page in the Airflow UI and to its plan view.
+    """
+    runs: list[dict[str, Any]] = []
+    previous_plan: ValidatedPlan | None = None
+    for index, run in enumerate(chain):
+        view = _run_view(run, index, previous_plan, redact)
+        view["parent_run_id"] = chain[index - 1].run_id if index else None
+        view["child_run_id"] = chain[index + 1].run_id if index + 1 < len(chain) else None
+        view["ui_url"] = f"{ui_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+        view["view_url"] = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+        runs.append(view)
+        previous_plan = _plan_of(run) or previous_plan
+    first_session = chain[0].session or {}
+    return {
+        "dag_id": dag_id,
+        "run_id": opened,
+        "root_run_id": chain[0].run_id,
+        "goal": first_session.get("goal") or _goal_of(chain),
+        "outcome": _outcome(chain),
+        # a run that replans waits for its child, so the chain is over once every run of it is
+        "finished": all(run["state"] in FINISHED_RUN_STATES for run in runs),
+        "runs": runs,
+    }
+
+
+def _goal_of(chain: Sequence[RunData]) -> str:
+    for run in chain:
+        plan = run.xcom(PLAN_TASK, PLAN_KEY)
+        if isinstance(plan, dict) and plan.get("goal"):
+            return str(plan["goal"])
+    return ""
+
+
+def _outcome(chain: Sequence[RunData]) -> dict[str, Any] | None:
+    """The session's outcome: the root's replan task reports the chain's; else the last finalize."""
+    root_replan = chain[0].xcom(REPLAN_TASK, RESULT_KEY)
+    if isinstance(root_replan, dict) and root_replan.get("status"):
+        return _result_summary(root_replan)
+    for run in reversed(chain):
+        result = run.xcom(FINALIZE_TASK, RESULT_KEY)
+        if isinstance(result, dict) and result.get("status") and not run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY):
+            return _result_summary(result)
+    return None
+
+
+def _result_summary(result: Mapping[str, Any]) -> dict[str, Any]:
+    usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
+    return {
+        "status": result.get("status"),
+        "reason": result.get("reason"),
+        "message": summarize(result.get("message") or "", 1000),
+        "usage": usage,
+    }
+
+
+def _plan_of(run: RunData) -> ValidatedPlan | None:
+    raw = run.xcom(PLAN_TASK, PLAN_KEY)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ValidatedPlan.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: Redact) -> dict[str, Any]:
+    session = run.session or {}
+    revision = session.get("revision", index)
+    plan = _plan_of(run)
+    error = run.xcom(PLAN_TASK, PLANNING_ERROR_KEY)
+    reason, trigger, diff = None, None, None
+    for entry in session.get("revisions") or []:
+        if isinstance(entry, dict) and entry.get("revision") == revision:
+            reason, trigger, diff = entry.get("reason"), entry.get("trigger_node"), entry.get("diff")
+    plan_ti = run.tis.get((PLAN_TASK, -1), {})
+    finalize = run.xcom(FINALIZE_TASK, RESULT_KEY)
+    view: dict[str, Any] = {
+        "run_id": run.run_id,
+        "revision": revision,
+        "state": run.state,
+        "start_date": run.start_date,
+        "end_date": run.end_date,
+        "note": run.note,
+        "plan_state": "planned" if plan else ("failed" if error else plan_ti.get("state") or "pending"),
+        "planning_error": summarize(error.get("message", ""), 4000) if isinstance(error, dict) else None,
+        "reason": reason,
+        "trigger_node": trigger,
+        "diff": diff,
+        "planner_calls": _planner_calls(session, revision),
+        "planner_attempts": _planner_attempts(session, revision),
+        "result": _result_summary(finalize) if isinstance(finalize, dict) else None,
+        "replanned": bool(run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)),
+        "layers": plan.layers if plan else [],
+        "nodes": [],
+        "edges": [],
+    }
+    if plan is None:
+        return view
+    records = run.records
+    outputs = {
+        node_id: record.get("output")
+        for node_id, record in records.items()
+        if record.get("status") == "success" and record.get("artifact") is None
+    }
+    marks = _diff_marks(diff)
+    eager = bool(session.get("eager"))
+    for layer_index, layer in enumerate(plan.layers):
+        for node_id in layer:
+            node = plan.node(node_id)
+            task_id, map_index = node_location(plan, node_id, eager)
+            view["nodes"].append(
+                _node_view(
+                    node.model_dump(mode="json", exclude_none=True),
+                    layer_index,
+                    run.tis.get((task_id, map_index)),
+                    records.get(node_id),
+                    _resolved_params(plan, node_id, records.get(node_id), outputs),
+                    marks.get(node_id),
+                    redact,
+                )
+                | {"task_id": task_id, "map_index": map_index}
+            )
+    for child, parents in plan.parents.items():
+        for parent in parents:
+            view["edges"].append({"from": parent, "to": child, "optional": plan.is_optional(parent, child)})
+    if previous is not None:
+        for node_id in (diff or {}).get("removed") or []:
+            if node_id in previous.node_ids and node_id not in plan.node_ids:
+                node = previous.node(node_id)
+                view["nodes"].append(
+                    _node_view(
+                        node.model_dump(mode="json", exclude_none=True),
+                        previous.layer_of(node_id),
+                        None,
+                        None,
+                        None,
+                        "removed",
+                        redact,
+                    )
+                )
+    return view
+
+
+def _diff_marks(diff: Any) -> dict[str, str]:
+    marks: dict[str, str] = {}
+    if isinstance(diff, dict):
+        for kind in ("added", "revised"):
+            for node_id in diff.get(kind) or []:
+                marks[str(node_id)] = kind
+    return marks
+
+
+def _planner_calls(session: Mapping[str, Any], revision: int) -> list[dict[str, Any]]:
+    """Token usage of each planner call of this revision (``planner.usage`` events)."""
+    calls = []
+    for event in session.get("events") or []:
+        if not isinstance(event, dict) or event.get("revision") != revision:
+            continue
+        if event.get("type") == "planner.usage":
+            data = event.get("data") or {}
+            calls.append(
+                {
+                    "prompt_tokens": data.get("prompt_tokens", 0),
+                    "completion_tokens": data.get("completion_tokens", 0),
+                    "at": event.get("at"),
+                }
+            )
+    return calls
+
+
+def _planner_attempts(session: Mapping[str, Any], revision: int) -> int | None:
+    """How many plans the planner was asked for in this revision (the first plus its repairs)."""
+    for event in session.get("events") or []:
+        is_planning = isinstance(event, dict) and event.get("type") in ("plan.created", "plan.diff")
+        if is_planning and event.get("revision") == revision:
+            attempts = (event.get("data") or {}).get("attempts")
+            return attempts if isinstance(attempts, int) else None
+    return None
+
+
+def _resolved_params(
+    plan: ValidatedPlan, node_id: str, record: Mapping[str, Any] | None, outputs: Mapping[str, Any]
+) -> Any:
+    """The params the tool was called with: the record's own when it kept them, else the declared params
+    with the references resolved from the parents' recorded outputs (None when a parent's output is
+    not at hand, e.g. stored as an artifact)."""
+    if record is not None and isinstance(record.get("params"), dict):
+        return record["params"]
+    parents = plan.parents.get(node_id, [])
+    node = plan.node(node_id)
+    if not parents:
+        return node.params
+    try:
+        resolved = resolve(node.params, {p: outputs[p] for p in parents if p in outputs})
+    except UnresolvedReference:
+        return None
+    if _has_missing(resolved):
+        return None
+    return {key: _bounded(value) for key, value in resolved.items()}
+
+
+def _has_missing(value: Any) -> bool:
+    if isinstance(value, MissingInput):
+        return True
+    if isinstance(value, dict):
+        return any(_has_missing(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_missing(v) for v in value)
+    return False
+
+
+def _bounded(value: Any) -> Any:
+    text = json.dumps(value, default=str)
+    return value if len(text) <= PARAM_CHARS else summarize(text, PARAM_CHARS)
+
+
+def _node_view(
+    node: dict[str, Any],
+    layer: int,
+    ti: Mapping[str, Any] | None,
+    record: Mapping[str, Any] | None,
+    resolved: Any,
+    mark: str | None,
+    redact: Redact,
+) -> dict[str, Any]:
+    record = record or {}
+    ti = ti or {}
+    artifact = record.get("artifact") if isinstance(record.get("artifact"), dict) else None
+    return {
+        "id": node["id"],
+        "action": node.get("action", ""),
+        "tool": node.get("tool", ""),
+        "expected_outcome": node.get("expected_outcome"),
+        "layer": layer,
+        "params": redact(node.get("params") or {}),
+        "resolved_params": None if resolved is None else redact(resolved),
+        "state": None if mark == "removed" else ti.get("state"),
+        "status": record.get("status"),
+        "reused": bool(record.get("reused")),
+        "checkpoint": bool(record.get("checkpoint")),
+        "replan_requested": bool(record.get("replan_requested")),
+        "budget_exhausted": bool(record.get("budget_exhausted")),
+        "missing_inputs": record.get("missing_inputs") or [],
+        "error": redact(record.get("error")),
+        "output_summary": redact(record.get("output_summary")),
+        "artifact": {k: artifact.get(k) for k in ("uri", "size", "sha256")} if artifact else None,
+        "polling": record.get("polling"),
+        "attempts": record.get("attempts", ti.get("try_number")),
+        "try_number": ti.get("try_number"),
+        "duration": ti.get("duration"),
+        "started_at": record.get("started_at") or ti.get("start_date"),
+        "ended_at": record.get("ended_at") or ti.get("end_date"),
+        "hostname": record.get("hostname") or ti.get("hostname") or None,
+        "diff": mark,
+    }

@@ -1,0 +1,100 @@
+"""Reading a plan session's runs from Airflow's metadata database (in the API server), as :class:`RunData`.
+
+Three small queries per run set: the runs, their XComs (only the keys the view reads) and their task
+instances. Values are decoded as the public REST API decodes them (``XComModel.deserialize_value``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from airflow_plan_provider.operators._xcom import NODE_KEY, PLAN_TASK, SESSION_KEY
+from airflow_plan_provider.plugins.data import XCOM_KEYS, RunData, chain_candidates, root_of, session_chain
+
+
+def load_chain(session: Session, dag_id: str, run_id: str) -> list[RunData] | None:
+    """The runs of the session run ``run_id`` belongs to (root first), or None when there is no such run."""
+    opened = load_runs(session, dag_id, [run_id], keys=((PLAN_TASK, SESSION_KEY),), with_tis=False)
+    if run_id not in opened:
+        return None
+    root, max_replans = root_of(opened[run_id])
+    candidates = chain_candidates(root, max_replans)
+    runs = load_runs(session, dag_id, sorted({run_id, *candidates}))
+    return session_chain(run_id, runs)
+
+
+def load_runs(
+    session: Session,
+    dag_id: str,
+    run_ids: Iterable[str],
+    *,
+    keys: Iterable[tuple[str, str]] = XCOM_KEYS,
+    with_tis: bool = True,
+) -> dict[str, RunData]:
+    """Run id → :class:`RunData`, for the runs of ``dag_id`` among ``run_ids`` that exist.
+
+    Reads the XComs named in ``keys`` (task id, key) and, with ``with_tis``, every node record and
+    task instance.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+
+    wanted = list(run_ids)
+    runs: dict[str, RunData] = {}
+    for dag_run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(wanted))):
+        runs[dag_run.run_id] = RunData(
+            run_id=dag_run.run_id,
+            state=_state(dag_run.state),
+            start_date=_iso(dag_run.start_date),
+            end_date=_iso(dag_run.end_date),
+            note=dag_run.note,
+        )
+    if not runs:
+        return runs
+    keys = list(keys)
+    which: list[Any] = [(XComModel.task_id == task_id) & (XComModel.key == key) for task_id, key in keys]
+    if with_tis:
+        which.append(XComModel.key == NODE_KEY)
+    rows = session.scalars(
+        select(XComModel).where(XComModel.dag_id == dag_id, XComModel.run_id.in_(list(runs)), or_(*which))
+    )
+    for row in rows:
+        runs[row.run_id].xcoms[(row.task_id, row.map_index, row.key)] = XComModel.deserialize_value(row)
+    if with_tis:
+        tis = session.execute(
+            select(
+                TaskInstance.run_id,
+                TaskInstance.task_id,
+                TaskInstance.map_index,
+                TaskInstance.state,
+                TaskInstance.try_number,
+                TaskInstance.start_date,
+                TaskInstance.end_date,
+                TaskInstance.duration,
+                TaskInstance.hostname,
+            ).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(runs)))
+        )
+        for ti in tis:
+            runs[ti.run_id].tis[(ti.task_id, ti.map_index)] = {
+                "state": _state(ti.state),
+                "try_number": ti.try_number,
+                "start_date": _iso(ti.start_date),
+                "end_date": _iso(ti.end_date),
+                "duration": ti.duration,
+                "hostname": ti.hostname or None,
+            }
+    return runs
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _state(value: Any) -> str | None:
+    return None if value is None else str(getattr(value, "value", value))
