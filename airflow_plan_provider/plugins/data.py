@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -369,6 +370,13 @@ def _bounded(value: Any) -> Any:
     return value if len(text) <= PARAM_CHARS else summarize(text, PARAM_CHARS)
 
 
+def _seconds_between(start: Any, end: Any) -> float | None:
+    try:
+        return round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 3)
+    except (TypeError, ValueError):
+        return None
+
+
 def _node_view(
     node: dict[str, Any],
     layer: int,
@@ -403,8 +411,10 @@ def _node_view(
         "attempts": record.get("attempts", ti.get("try_number")),
         "try_number": ti.get("try_number"),
         "duration": ti.get("duration"),
-        "started_at": record.get("started_at") or ti.get("start_date"),
-        "ended_at": record.get("ended_at") or ti.get("end_date"),
+        # the task's times, as the duration; the tool call's own time within it
+        "started_at": ti.get("start_date") or record.get("started_at"),
+        "ended_at": ti.get("end_date") or record.get("ended_at"),
+        "call_seconds": _seconds_between(record.get("started_at"), record.get("ended_at")),
         "hostname": record.get("hostname") or ti.get("hostname") or None,
         "diff": mark,
     }
