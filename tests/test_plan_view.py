@@ -288,3 +288,37 @@ def test_page_config_cannot_close_its_script_element():
     from airflow_plan_provider.plugins.app import _script_json
 
     assert "</script>" not in _script_json({"run_id": "</script><script>alert(1)</script>"})
+
+
+def test_eager_nodes_take_their_state_from_the_one_nodes_task():
+    runs = two_revisions()
+    root = runs["r"]
+    session = root.session
+    assert session is not None
+    root.xcoms[("plan", -1, "session")] = {**session, "eager": True}
+    root.tis[("nodes", 0)] = {"state": "success", "try_number": 1, "hostname": "worker-a"}
+    root.tis[("nodes", 1)] = {"state": "deferred", "try_number": 1}
+    nodes = by_id(plan_view("d", "r", [root])["runs"][0])
+    assert (nodes["a"]["task_id"], nodes["a"]["map_index"], nodes["a"]["state"]) == ("nodes", 0, "success")
+    assert (nodes["b"]["state"], nodes["a"]["hostname"]) == ("deferred", "worker-a")
+
+
+def test_the_plugin_is_registered_for_the_api_server():
+    """Installed through the ``airflow.plugins`` entry point: Airflow loads it whatever
+    ``[core] lazy_discover_providers`` says; the API server mounts its app and the UI shows its tab."""
+    from importlib.metadata import entry_points
+
+    from airflow_plan_provider.plugins.plugin import PlanViewPlugin
+
+    found = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "plan_view"]
+    assert found and all(ep.load() is PlanViewPlugin for ep in found)
+    plugin = PlanViewPlugin()
+    [view] = plugin.external_views
+    assert view["destination"] == "dag_run" and view["url_route"] == "plan"
+    assert view["href"] == "/plan-view/dags/{DAG_ID}/runs/{RUN_ID}"
+    [app] = plugin.fastapi_apps
+    assert app["url_prefix"] == "/plan-view"
+    assert {route.path for route in app["app"].routes} >= {
+        "/dags/{dag_id}/runs/{run_id}",
+        "/data/dags/{dag_id}/runs/{run_id}",
+    }
