@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.operators.node import idempotency_key
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan
@@ -194,8 +195,11 @@ def test_scripted_replan_chain_reuses_finished_nodes(env: Env) -> None:
     log = env.log(dag_id)
     for tool in ("query_metrics", "query_service_health", "query_deploys", "query_error_logs"):
         assert log.count(tool) == 1, (tool, log.calls(tool))
-    # node 5 ran only in revision 1 (it was moot in revision 0), and so did the report
-    assert [c["key"].rsplit("/", 1)[-1] for c in log.calls("analyze")] == ["r1"]
+    # node 5 ran only in revision 1 (moot in revision 0), revised, so under a new key; so did the report
+    first = next(n for n in seed_plan()["nodes"] if n["id"] == "5")
+    keys = [c["key"] for c in log.calls("analyze")]
+    assert len(keys) == 1 and keys[0].startswith(f"{dag_id}/{root}/5/"), keys
+    assert keys[0] != idempotency_key(dag_id, root, "5", first["tool"], first["params"])
     assert log.count("report") == 1
 
     result = session_result(cluster, dag_id, root)
