@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
+from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators._xcom import (
     NODE_KEY,
     node_location,
@@ -22,9 +23,10 @@ from airflow_plan_provider.operators._xcom import (
     pull_session,
 )
 from airflow_plan_provider.plan.budgets import step_allowed
+from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, make_event
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
-from airflow_plan_provider.plan.result import now, summarize
+from airflow_plan_provider.plan.result import Event, now, summarize
 from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.plan.state import NodeStatus, decide
 from airflow_plan_provider.tools.jobs import callable_path
@@ -34,8 +36,19 @@ from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finis
 
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
+PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
+# what an outcome event tells of the record
+OUTCOME_DETAILS = (
+    "duration_s",
+    "error",
+    "output_summary",
+    "missing_inputs",
+    "replan_requested",
+    "budget_exhausted",
+    "checkpoint",
+)
 
 
 def idempotency_key(dag_id: str, root_run_id: str, node_id: str, tool: str, params: Any) -> str:
@@ -55,20 +68,49 @@ def idempotency_key(dag_id: str, root_run_id: str, node_id: str, tool: str, para
 
 @dataclass
 class NodeRun:
-    """What one node instance knows while it runs: the node, the session, and its record so far."""
+    """What one node instance knows while it runs: the node, the session, its record and events so far.
+
+    ``started`` (epoch seconds) is set when the tool is called; the outcome's ``duration_s`` counts from
+    it (across a deferral too: a job's polling time is part of the node's duration).
+    """
 
     ti: Any
     plan: ValidatedPlan
     node: Node
     state: SessionState
     record: dict[str, Any]
+    log: Any
     missing: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    started: float | None = None
+
+    def event(self, type_: str, /, **data: Any) -> Event:
+        """Record and publish one event of this node (log line, metrics, span event)."""
+        source = EventSource(self.ti.dag_id, self.ti.run_id, self.state.root_run_id, self.state.revision)
+        event = make_event(type_, source, self.node.id, tool=self.node.tool, **data)
+        self.events.append(event)
+        emit(self.log, event)
+        return event
+
+    def duration(self) -> float | None:
+        return None if self.started is None else round(time.time() - self.started, 3)
 
     def push(self, status: str, **fields: Any) -> None:
+        """Push the node's record (its outcome) and record the outcome's event."""
         value = {**self.record, "status": status, "ended_at": now(), "missing_inputs": self.missing, **fields}
+        value["duration_s"] = self.duration()
+        kind = "node.reused" if fields.get("reused") else NODE_OUTCOMES[status]
+        details = {k: value[k] for k in OUTCOME_DETAILS if value.get(k) not in (None, [], False)}
+        if status == "skipped" and "error" in details:
+            details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
+        if isinstance(value.get("artifact"), dict):
+            details["artifact_uri"] = value["artifact"].get("uri")
+        self.event(kind, attempt=self.ti.try_number, **details)
+        value["events"] = [event.model_dump(mode="json") for event in self.events]
         self.ti.xcom_push(key=NODE_KEY, value=value)
 
     def fail(self, reason: str) -> AirflowFailException:
+        self.log.error("node %s failed after %s s: %s", self.node.id, self.duration(), reason)
         self.push("failed", error=reason)
         return AirflowFailException(f"node {self.node.id}: {reason}")
 
@@ -91,10 +133,16 @@ class PlanNodeOperator(BaseOperator):
     succeeded. Outputs larger than
     ``artifact_threshold`` bytes go to the artifact store, and XCom holds a reference.
     Every outcome is pushed as XCom ``node`` for the nodes downstream and for finalize.
+
+    The task log tells the node's decision (runs, runs without which inputs, reused, skipped because
+    ...), its resolved params (through Airflow's secrets masker), the duration and the output summary
+    or artifact URI, plus one JSON line per event. The resolved params are also the templated field
+    ``resolved_params``, so the task's "Rendered Templates" shows them.
     """
 
-    template_fields = ("plan_node",)
+    template_fields = ("plan_node", "resolved_params")
     ui_color = "#e8f4e4"
+    overwrite_rtif_after_execution = True  # resolved_params is set while executing
 
     def __init__(
         self,
@@ -112,6 +160,7 @@ class PlanNodeOperator(BaseOperator):
         self.tools = tools
         self.artifact_store = artifact_store
         self.artifact_threshold = artifact_threshold
+        self.resolved_params: Any = None
 
     def _start(self, context: Any) -> NodeRun:
         ti = context["ti"]
@@ -130,7 +179,7 @@ class PlanNodeOperator(BaseOperator):
             "started_at": now(),
             "hostname": _hostname(ti),
         }
-        return NodeRun(ti, plan, node, state, record)
+        return NodeRun(ti, plan, node, state, record, self.log)
 
     def execute(self, context: Any) -> None:
         run = self._start(context)
@@ -142,12 +191,15 @@ class PlanNodeOperator(BaseOperator):
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
         decision = decide(plan, node.id, statuses, moot)
         if decision.action != "run":
+            self.log.info("node %s skipped because %s", node.id, decision.reason)
             run.push("skipped", error=decision.reason)
             raise AirflowSkipException(f"node {node.id}: {decision.reason}")
 
         if node.id in state.locked:
             locked = state.locked[node.id]
-            self.log.info("node %s succeeded in an earlier revision; reusing its output", node.id)
+            self.log.info(
+                "node %s reused: it succeeded in an earlier revision; output: %s", node.id, locked.summary
+            )
             run.push(
                 "success",
                 reused=True,
@@ -162,7 +214,11 @@ class PlanNodeOperator(BaseOperator):
         if saved is not None:
             # this node's call already succeeded (its task was cleared, or crashed after the call)
             self.log.info(
-                "node %s already succeeded (checkpoint %s); not calling its tool again", node.id, key
+                "node %s reused: it already succeeded (checkpoint %s), its tool is not called again; "
+                "output: %s",
+                node.id,
+                key,
+                saved.get("output_summary"),
             )
             run.push(
                 "success",
@@ -178,12 +234,19 @@ class PlanNodeOperator(BaseOperator):
                 f"step budget spent: node {node.id} would be step {state.usage.steps + position + 1} "
                 f"of {state.budgets.max_steps}"
             )
+            self.log.info("node %s skipped because the %s", node.id, reason)
             run.push("skipped", budget_exhausted=True, error=reason)
             raise AirflowSkipException(reason)
 
         run.missing = list(decision.missing)
         if run.missing:
-            self.log.warning("node %s runs without the output of optional parent(s) %s", node.id, run.missing)
+            self.log.warning(
+                "node %s runs with missing inputs: optional parent(s) %s did not succeed",
+                node.id,
+                ", ".join(run.missing),
+            )
+        else:
+            self.log.info("node %s runs: every parent succeeded", node.id)
         outputs = {
             p: self._parent_output(run, p, r) for p, r in parents.items() if r and r["status"] == "success"
         }
@@ -210,9 +273,15 @@ class PlanNodeOperator(BaseOperator):
             run_id=ti.run_id,
             revision=state.revision,
         )
-        self.log.info("node %s: calling %s (key %s)", node.id, tool.name, ctx.idempotency_key)
+        self._log_params(node.id, params)
+        self.log.info(
+            "node %s: calling %s (try %s, key %s)", node.id, tool.name, ti.try_number, ctx.idempotency_key
+        )
+        run.started = time.time()
+        run.event("node.started", attempt=ti.try_number, key=key, missing_inputs=run.missing)
         try:
-            output = tool.call(params, ctx)
+            with span("plan.node", node_id=node.id, tool=tool.name, revision=state.revision):
+                output = tool.call(params, ctx)
         except ReplanRequested as request:
             self.log.warning("node %s requests a replan: %s", node.id, request.reason)
             self._succeed(run, key, request.output, replan_requested=True, error=request.reason)
@@ -225,10 +294,27 @@ class PlanNodeOperator(BaseOperator):
             )
             if ti.try_number > self.retries:
                 run.push("failed", error=reason)
+            else:
+                self.log.warning(
+                    "node %s: try %s failed after %s s (%s); Airflow retries it",
+                    node.id,
+                    ti.try_number,
+                    run.duration(),
+                    reason,
+                )
+                run.event("node.retrying", attempt=ti.try_number, duration_s=run.duration(), error=reason)
             raise
         if tool.is_async:
             self._defer_to_job(run, tool, ctx, output)
         self._succeed(run, key, output)
+
+    def _log_params(self, node_id: str, params: Any) -> None:
+        """Log the resolved params (secrets masked) and keep them as the templated ``resolved_params``."""
+        from airflow.sdk.log import redact
+
+        shown = redact(params)
+        self.resolved_params = shown
+        self.log.info("node %s params: %s", node_id, summarize(shown, PARAMS_LOG_CHARS))
 
     def _parent_output(self, run: NodeRun, parent_id: str, record: dict[str, Any]) -> Any:
         """A succeeded parent's output: the tool's data as pushed, or the output the provider stored for
@@ -287,6 +373,12 @@ class PlanNodeOperator(BaseOperator):
             "output_summary": summarize(output),
             **fields,
         }
+        self.log.info(
+            "node %s succeeded in %s s; output: %s",
+            run.node.id,
+            run.duration(),
+            artifact["uri"] if artifact is not None else outcome["output_summary"],
+        )
         if self.checkpoints:
             try:
                 artifacts.save_checkpoint(
@@ -305,8 +397,16 @@ class PlanNodeOperator(BaseOperator):
             "missing": run.missing,
             "key": ctx.idempotency_key,
         }
+        run.event("node.polling", handle=summarize(handle, 200), timeout=timeout)
         # visible while the node waits, and read back when it resumes (same try, so the XCom stays)
-        run.ti.xcom_push(key=POLLING_KEY, value=polling)
+        run.ti.xcom_push(
+            key=POLLING_KEY,
+            value={
+                **polling,
+                "started": run.started,
+                "events": [event.model_dump(mode="json") for event in run.events],
+            },
+        )
         self.log.info(
             "node %s: job started (%s); polling every %s s on the triggerer",
             run.node.id,
@@ -331,12 +431,16 @@ class PlanNodeOperator(BaseOperator):
         ti = run.ti
         polling = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
         run.missing = list(polling.get("missing", []))
+        run.started = polling.get("started")
+        run.events = [Event.model_validate(e) for e in polling.get("events", [])]
         event = event or {}
         outcome = event.get("status", "lost")
         polling = {**polling, "until": now(), "outcome": outcome}
-        polling.pop("missing", None)
+        for internal in ("missing", "started", "events"):
+            polling.pop(internal, None)
         if outcome != "done":
             reason = f"job {outcome}: {event.get('reason', 'no event from the trigger')}"
+            self.log.error("node %s failed after %s s: %s", run.node.id, run.duration(), reason)
             run.push("failed", error=reason, polling=polling)
             raise AirflowFailException(f"node {run.node.id}: {reason}")
         self._succeed(run, run.key(), event.get("result"), polling=polling)

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
+from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators._xcom import (
     FINALIZE_TASK,
     PLAN_KEY,
@@ -34,8 +35,13 @@ from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState, statuses_of
 from airflow_plan_provider.plan.state import affected_subgraph
 from airflow_plan_provider.plan.validate import Limits, validate_plan
-from airflow_plan_provider.planners.base import LockedNode, Planner, PlanRequest, plan_with_repairs
-from airflow_plan_provider.planners.static import StaticPlanner
+from airflow_plan_provider.planners.base import (
+    LockedNode,
+    Planner,
+    PlanningOutcome,
+    PlanRequest,
+    plan_with_repairs,
+)
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
 MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
@@ -91,19 +97,31 @@ class PlanOperator(BaseOperator):
             state = self._session(ti, conf, params, run_id)
         except PlanningError as error:
             # nothing of the rejected session is kept: a fresh state reports the rejection
-            self._fail(ti, SessionState(root_run_id=run_id, run_ids=[run_id], eager=self.eager), error)
+            fresh = SessionState(dag_id=ti.dag_id, root_run_id=run_id, run_ids=[run_id], eager=self.eager)
+            self._fail(ti, fresh, error, since=0)
         self.parent_run_id = state.parent_run_id
+        since = len(state.events)  # this run's events start here
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
         tools = load_tools(self.tools)
         try:
-            plan = self._plan(state, params, planner_conf, tools)
+            with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
+                plan = self._plan(state, params, planner_conf, tools)
         except PlanningError as error:
-            self._fail(ti, state, error)
+            self._fail(ti, state, error, since)
 
         state.current_plan = plan.as_plan().to_json_dict()
         state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
+        state.event(
+            "plan.validated",
+            nodes=plan.node_ids,
+            layers=plan.layers,
+            execute=state.execution_order,
+            reuse=[n for n in plan.node_ids if n in state.locked],
+            source=state.plan_source,
+        )
+        self._publish(state, since)
         self.log.info(
             "plan revision %s: %s nodes in %s layers %s",
             state.revision,
@@ -115,7 +133,7 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
         return eager_order(plan) if self.eager else plan.layers[0]
 
-    def _fail(self, ti: Any, state: SessionState, error: PlanningError) -> NoReturn:
+    def _fail(self, ti: Any, state: SessionState, error: PlanningError, since: int) -> NoReturn:
         """Report a planning failure (log, event, XCom for finalize) with the problems capped, and fail."""
         _record_usage(state, error.usage)
         shown, more = capped(error.problems)
@@ -132,10 +150,16 @@ class PlanOperator(BaseOperator):
             problems=[p.to_dict() for p in shown],
             more_problems=more,
         )
+        self._publish(state, since)
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
         ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": message})
         # "from None": the cause's text is the uncapped problem list
         raise AirflowFailException(message) from None
+
+    def _publish(self, state: SessionState, since: int) -> None:
+        """Log (and count) the events this task added to the session (from index ``since``)."""
+        for event in state.events[since:]:
+            emit(self.log, event)
 
     def _session(
         self, ti: Any, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str
@@ -151,6 +175,7 @@ class PlanOperator(BaseOperator):
             )
             state = SessionState(goal=str(params.get("goal") or ""), root_run_id=run_id, budgets=budgets)
         state.run_ids.append(run_id)
+        state.dag_id = ti.dag_id
         state.eager = self.eager
         return state
 
@@ -163,22 +188,25 @@ class PlanOperator(BaseOperator):
     ) -> ValidatedPlan:
         limits = self.limits
         if state.current_plan is None:
-            ready = bool(params.get("plan"))
-            planner: Planner | None = StaticPlanner(params["plan"]) if ready else self.planner
-            if planner is None:
-                raise PlanningError("no planner configured and no plan given in the run's conf")
-            request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
-            outcome = plan_with_repairs(
-                planner,
-                request,
-                lambda raw: validate_plan(raw, tools, limits),
-                repair_attempts=0 if ready else self.repair_attempts,  # a ready plan would come back as is
-            )
+            if params.get("plan"):
+                state.plan_source = "conf"
+                outcome = _ready_plan(params["plan"], tools, limits)
+            else:
+                if self.planner is None:
+                    raise PlanningError("no planner configured and no plan given in the run's conf")
+                request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
+                outcome = plan_with_repairs(
+                    self.planner,
+                    request,
+                    lambda raw: validate_plan(raw, tools, limits),
+                    repair_attempts=self.repair_attempts,
+                )
             state.event(
                 "plan.created",
                 nodes=len(outcome.plan.nodes),
                 layers=outcome.plan.layers,
                 attempts=outcome.attempts,
+                source=state.plan_source,
                 **_rejected(outcome.rejected),
             )
         else:
@@ -232,6 +260,20 @@ class PlanOperator(BaseOperator):
             affected=tuple(sorted(affected)),
             revision=state.revision,
         )
+
+
+def _ready_plan(raw: Any, tools: ToolRegistry, limits: Limits) -> PlanningOutcome:
+    """A ready plan from the run's conf, validated as given: nobody can repair it, so its problems are
+    reported at once (raises :class:`PlanningError`, reason ``invalid_plan``)."""
+    try:
+        return PlanningOutcome(validate_plan(raw, tools, limits), attempts=1, usage=[], rejected=[])
+    except PlanValidationError as error:
+        raise PlanningError(
+            f"the ready plan is invalid: {len(error.problems)} problem(s) (a ready plan is run as given; "
+            "nothing repairs it)",
+            error.problems,
+            reason="invalid_plan",
+        ) from None
 
 
 def verified_session(ti: Any, conf: Mapping[str, Any], run_id: str) -> SessionState:

@@ -23,6 +23,8 @@ Reason = Literal[
     "planner_unavailable",
     "replan_failed",
     "untrusted_session",
+    "replan_requested",
+    "replan_unavailable",
 ]
 
 
@@ -37,8 +39,13 @@ def now() -> str:
 
 
 class Event(BaseModel):
-    type: str  # plan.created, plan.diff, node.succeeded, node.failed, node.skipped, node.reused, ...
+    """One state change of a session (built by :func:`airflow_plan_provider.plan.events.make_event`)."""
+
+    type: str  # see airflow_plan_provider.plan.events.EVENT_TYPES
     at: str = Field(default_factory=now)
+    dag_id: str = ""
+    run_id: str = ""
+    root_run_id: str = ""
     revision: int = 0
     node_id: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
@@ -79,6 +86,9 @@ class NodeRecord(BaseModel):
     polling: dict[str, Any] | None = None  # an asynchronous job: handle, since, until, outcome
     artifact: ArtifactRef | None = None
     hostname: str | None = None
+    duration_s: float | None = None  # of the try that counted: the tool call (and its job), in seconds
+    # the node task's events of this try, in order; carried to the session's events, not to the history
+    events: list[Event] = Field(default_factory=list, exclude=True)
 
 
 class Revision(BaseModel):
@@ -89,8 +99,30 @@ class Revision(BaseModel):
     diff: PlanDiff
 
 
+class ReplanInfo(BaseModel):
+    """What a run that ended by replanning asked for, and where the session goes on.
+
+    The session's outcome is the ``return_value`` XCom of this run's ``replan`` task (the root run's
+    ``replan`` task reports the whole chain).
+    """
+
+    revision: int  # the revision the replan run plans and executes
+    run_id: str  # that run's id
+    trigger_node: str | None = None
+    failed: dict[str, str] = Field(default_factory=dict)  # node id -> its error
+    # node id -> why its result made the rest of the plan moot
+    replan_requested: dict[str, str] = Field(default_factory=dict)
+    chain_result: str = "XCom return_value of task 'replan' in this run"
+
+
 class SessionResult(BaseModel):
-    status: Literal["completed", "failed"]
+    """What a run reports (XCom ``return_value`` of ``finalize``), or a whole chain (of ``replan``).
+
+    ``status`` is ``completed`` or ``failed`` for a session's outcome, ``replanned`` for a run that
+    handed over to a replan run (``replan`` says which node asked for it, why, and which run goes on).
+    """
+
+    status: Literal["completed", "failed", "replanned"]
     reason: Reason
     goal: str = ""
     root_run_id: str = ""
@@ -101,12 +133,15 @@ class SessionResult(BaseModel):
     outputs: dict[str, Any] = Field(default_factory=dict)
     usage: Usage = Field(default_factory=Usage)
     message: str = ""
+    replan: ReplanInfo | None = None
 
     def summary_text(self) -> str:
         """A few readable lines for logs and the command line."""
         lines = [f"status: {self.status} ({self.reason})", f"goal: {self.goal}"]
         if self.message:
             lines.append(f"message: {self.message}")
+        if self.replan is not None:
+            lines.append(f"continues in run {self.replan.run_id} (revision {self.replan.revision})")
         lines.append(
             f"runs: {len(self.run_ids)}  replans: {self.usage.replans}  steps: {self.usage.steps}  "
             f"tokens: {self.usage.prompt_tokens}+{self.usage.completion_tokens}"

@@ -13,12 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from airflow_plan_provider.plan.budgets import Budgets, Usage
+from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import (
     ArtifactRef,
     Event,
     NodeRecord,
     Reason,
+    ReplanInfo,
     Revision,
     SessionResult,
     summarize,
@@ -43,6 +45,7 @@ class LockedOutput(BaseModel):
 
 
 class SessionState(BaseModel):
+    dag_id: str = ""
     goal: str = ""
     root_run_id: str = ""
     parent_run_id: str | None = None
@@ -56,6 +59,9 @@ class SessionState(BaseModel):
     events: list[Event] = Field(default_factory=list)
     # set by the planning step of this run
     current_plan: dict[str, Any] | None = None
+    # "conf": a ready plan given in the run's conf, run as given and never replanned (no planner wrote
+    # it); "planner": written by the DAG's planner
+    plan_source: Literal["planner", "conf"] = "planner"
     eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
     # set when a run ends by asking for a replan
@@ -63,17 +69,25 @@ class SessionState(BaseModel):
     replan_requested: list[str] = Field(default_factory=list)
     last_error: str | None = None
 
-    def event(self, type_: str, node_id: str | None = None, **data: Any) -> Event:
-        event = Event(type=type_, revision=self.revision, node_id=node_id, data=data)
+    @property
+    def source(self) -> EventSource:
+        """The identifiers of this run's events (the run is the last one in ``run_ids``)."""
+        run_id = self.run_ids[-1] if self.run_ids else self.root_run_id
+        return EventSource(self.dag_id, run_id, self.root_run_id, self.revision)
+
+    def event(self, type_: str, node_id: str | None = None, /, **data: Any) -> Event:
+        """Build an event of this run and add it to the session's events."""
+        event = make_event(type_, self.source, node_id, **data)
         self.events.append(event)
         return event
 
     def result(
         self,
-        status: Literal["completed", "failed"],
+        status: Literal["completed", "failed", "replanned"],
         reason: Reason,
         message: str = "",
         outputs: Mapping[str, Any] | None = None,
+        replan: ReplanInfo | None = None,
     ) -> SessionResult:
         return SessionResult(
             status=status,
@@ -87,6 +101,7 @@ class SessionState(BaseModel):
             outputs=dict(outputs or {}),
             usage=self.usage,
             message=message,
+            replan=replan,
         )
 
 
@@ -137,6 +152,12 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
             kind="give_up", reason=reason, message=message, failed=failed, replan_requested=moot
         )
 
+    if state.plan_source == "conf":
+        return give_up(
+            "node_failed" if failed else "replan_unavailable",
+            f"{what}; the plan is the ready plan given in the run's conf, and no planner can replan a "
+            "ready plan (trigger a new run with a corrected plan, or with a goal for the planner)",
+        )
     if budgets.max_replans == 0:
         return give_up("node_failed" if failed else "replan_budget", what)
     if usage.replans >= budgets.max_replans:
