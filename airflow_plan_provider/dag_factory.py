@@ -48,6 +48,19 @@ from airflow_plan_provider.tools.registry import (
 MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
 
 
+READY_PLAN_EXAMPLE = """{
+  "nodes": [
+    {"id": "1", "action": "query latency", "tool": "query_metrics",
+     "params": {"service": "payment-api", "day": "yesterday"}},
+    {"id": "2", "action": "query dependency health", "tool": "query_service_health",
+     "params": {"service": "payment-api"}},
+    {"id": "3", "action": "correlate", "tool": "analyze_correlation",
+     "params": {"latency": "${1}", "against": "${2}", "label": "dependency health"}}
+  ],
+  "edges": [{"from": "1", "to": "3"}, {"from": "2", "to": "3"}]
+}"""
+
+
 def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Param]:
     """The trigger form: a goal, an optional ready plan, and the session budgets."""
     budgets = budgets or Budgets()
@@ -57,10 +70,35 @@ def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Par
             None,
             type=["null", "object"],
             title="Ready plan",
-            description="A plan (nodes and edges) to run as is; the planner is skipped.",
+            description_md=(
+                "Optional. A plan to run as given: the planner is skipped, the plan is validated as is "
+                "(an invalid one is rejected with its problems) and never replanned. Each node calls one "
+                "of this DAG's tools; `${ID}` passes node ID's output, `${ID.field}` part of it. "
+                "Example (with the tools of the example DAG):\n\n```json\n" + READY_PLAN_EXAMPLE + "\n```"
+            ),
         ),
-        "max_replans": Param(budgets.max_replans, type="integer", minimum=0, title="Max replans"),
-        "max_steps": Param(budgets.max_steps, type="integer", minimum=1, title="Max node executions"),
+        "max_replans": Param(
+            budgets.max_replans,
+            type="integer",
+            minimum=0,
+            title="Max replans",
+            description=(
+                "How many times the session may replan the part of the plan a failed node (or a node "
+                "whose result made the rest moot) affects; each replan is a new run of this DAG. "
+                "0: a failed node fails the session."
+            ),
+        ),
+        "max_steps": Param(
+            budgets.max_steps,
+            type="integer",
+            minimum=1,
+            title="Max node executions",
+            description=(
+                "How many node executions (tool calls) the session may make across all its runs; "
+                "reused nodes do not count. Nodes past the budget are skipped and the session fails "
+                "with reason step_budget."
+            ),
+        ),
     }
 
 

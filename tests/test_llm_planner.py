@@ -394,7 +394,6 @@ def test_hook_reads_the_connection_and_tests_it_for_free(
     monkeypatch.setenv("AIRFLOW_CONN_LLM_B", json.dumps({**conn, "extra": {"model": "other"}}))
     ok, message = PlanLLMHook("llm_b").test_connection()
     assert not ok and "does not list model 'other'" in message
-    assert PlanLLMHook.get_ui_field_behaviour()["relabeling"]["password"] == "API key"
 
 
 def test_base_url_from_connection_fields() -> None:

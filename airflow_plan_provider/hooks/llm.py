@@ -8,6 +8,10 @@ Connection fields (conn type ``plan_llm``, default conn id ``plan_llm_default``)
   servers that need no key).
 * extra: ``{"model": "gpt-4o-mini", "organization": "org-...", "project": "proj_..."}``.
 
+The connection form's labels, hidden fields, placeholders and the Model / Organization / Project
+fields are declared in the provider info (``ui-field-behaviour`` and ``conn-fields`` of the
+``plan_llm`` connection type), where Airflow 3.3 reads them without importing this hook.
+
 The key is registered with Airflow's secrets masker as soon as it is read (:func:`mask_key`), so task
 logs hide it; every message built from what the endpoint sent goes through :func:`redact` as well,
 which removes any piece of the key of 8 or more characters before the text is cut to length.
@@ -188,17 +192,3 @@ class PlanLLMHook(BaseHook):
         if not settings.model:
             return True, f"reached {where}; no model set in the connection extra (the planner must name one)"
         return True, f"reached {where}; model {settings.model!r} is available"
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["login"],
-            "relabeling": {"host": "Base URL", "schema": "Scheme", "password": "API key"},
-            "placeholders": {
-                "host": "https://api.openai.com/v1",
-                "schema": "https (only used when Base URL has no scheme)",
-                "port": "only used when Base URL has no scheme",
-                "password": "sk-...",
-                "extra": '{"model": "gpt-4o-mini", "organization": "org-..."}',
-            },
-        }

@@ -201,6 +201,7 @@ class PlanOperator(BaseOperator):
                     lambda raw: validate_plan(raw, tools, limits),
                     repair_attempts=self.repair_attempts,
                 )
+            _record_usage(state, outcome.usage)  # the calls came first
             state.event(
                 "plan.created",
                 nodes=len(outcome.plan.nodes),
@@ -219,6 +220,7 @@ class PlanOperator(BaseOperator):
                 lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
                 repair_attempts=self.repair_attempts,
             )
+            _record_usage(state, outcome.usage)  # the calls came first
             diff = plan_diff(current, outcome.plan)
             state.revisions.append(
                 Revision(
@@ -232,7 +234,6 @@ class PlanOperator(BaseOperator):
             state.event(
                 "plan.diff", **diff.model_dump(), attempts=outcome.attempts, **_rejected(outcome.rejected)
             )
-        _record_usage(state, outcome.usage)
         return outcome.plan
 
     def _replan_request(

@@ -1,0 +1,157 @@
+"""What a user reads on the run pages: each run's own result, ready plans, node logs and rendered
+params, the trigger form and the plan_llm connection form (dag.test on SQLite, Airflow in-process)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from tests.airflow_support import run_chain, run_dag, task_states, xcom
+
+pytestmark = pytest.mark.airflow
+
+GOAL = "find why the payment API got slow yesterday"
+
+
+def build(dag_id: str, planner: Any, tools: list[Any], **options: Any) -> Any:
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    options.setdefault("max_layers", 4)
+    options.setdefault("node_retries", 0)
+    options.setdefault("retry_delay", timedelta(seconds=0))
+    return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
+
+
+def test_a_run_that_replanned_reports_the_request_not_a_failure(tmp_path):
+    log = CallLog(tmp_path)
+    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
+    planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())])
+    runs = run_chain(build("pages_replanned", planner, tools), {"goal": GOAL})
+    root, child = runs
+
+    assert task_states(root)["finalize"] == "success"
+    own = xcom(root, "finalize")
+    assert (own["status"], own["reason"]) == ("replanned", "replan_requested")
+    assert "failed" not in {r["status"] for r in own["history"]}
+    assert own["replan"] == {
+        "revision": 1,
+        "run_id": child.run_id,
+        "trigger_node": "3",
+        "failed": {},
+        "replan_requested": {"3": "query_deploys: no deploys yesterday"},
+        "chain_result": "XCom return_value of task 'replan' in this run",
+    }
+    assert "node 3 requested a replan" in own["message"]
+    final = xcom(child, "finalize")
+    assert (final["status"], final["reason"], final["replan"]) == ("completed", "goal_met", None)
+
+
+def test_an_invalid_ready_plan_is_rejected_with_its_problems_at_once(tmp_path):
+    planner = ScriptedPlanner(seed_plan())
+    bad = seed_plan()
+    bad["edges"].append({"from": "6", "to": "1"})
+    bad["nodes"][0]["tool"] = "no_such_tool"
+    dag = build("pages_ready_invalid", planner, seed_tools(CallLog(tmp_path)))
+    run = run_dag(dag, {"goal": GOAL, "plan": bad})
+
+    assert task_states(run)["plan"] == "failed"
+    result = xcom(run, "finalize")
+    assert result["reason"] == "invalid_plan"
+    first_line, *problems = result["message"].splitlines()
+    assert first_line.startswith("the ready plan is invalid: 2 problem(s)")
+    assert "attempt" not in result["message"] and "repair(s)" not in result["message"]
+    assert any("cycle" in p for p in problems) and any("no_such_tool" in p for p in problems)
+    assert planner.requests == []  # the DAG's planner was not asked to repair (or write) anything
+
+
+def test_a_failed_node_of_a_ready_plan_ends_the_session_with_its_error(tmp_path):
+    log = CallLog(tmp_path)
+    tools = seed_tools(log, query_deploys={"permanent": "deploy API says 403"})
+    # the DAG's planner has a revision for this error, but a ready plan is never replanned
+    planner = ScriptedPlanner(seed_plan(), on_error=[("403", seed_revision())])
+    runs = run_chain(build("pages_ready_fails", planner, tools), {"goal": GOAL, "plan": seed_plan()})
+
+    assert len(runs) == 1  # no replan run that cannot help
+    assert xcom(runs[0], "finalize", key="replan_conf") is None
+    result = xcom(runs[0], "finalize")
+    assert (result["status"], result["reason"]) == ("failed", "node_failed")
+    assert "node 3 failed: query_deploys: deploy API says 403" in result["message"]
+    assert "no planner can replan a ready plan" in result["message"]
+    assert planner.requests == []
+    assert str(runs[0].state) == "failed"
+
+
+def test_node_logs_tell_decision_params_duration_and_output_and_render_the_params(tmp_path, capfd):
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    log = CallLog(tmp_path)
+    plan = seed_plan(optional_4_to_5=True)
+    plan["nodes"][0]["params"] = {"service": "payment-api", "token": "s3cr3t-token-value"}
+    tools = seed_tools(log, query_error_logs={"permanent": "log service down"}, query_deploys={"sleep": 0.2})
+    run = run_dag(build("pages_node_logs", ScriptedPlanner(plan), tools, replan=False), {"goal": GOAL})
+    text = capfd.readouterr()
+    logs = text.out + text.err
+
+    assert "s3cr3t-token-value" not in logs
+    assert re.search(r"node 1 params: \{.*\"service\": \"payment-api\".*\"token\": \"\*\*\*\"", logs)
+    assert "node 1 runs: every parent succeeded" in logs
+    assert re.search(r"node 3 succeeded in 0\.[2-9]\d* s; output: \[\]", logs)
+    assert "node 4 failed after " in logs and "log service down" in logs
+    assert "node 5 runs with missing inputs: optional parent(s) 4 did not succeed" in logs
+    assert re.search(r'node 5 params: \{"latency": \{"p99": 870\}, "logs": null\}', logs)
+    assert re.search(r'node 6 succeeded in [\d.]+ s; output: \{"report":', logs)
+
+    with create_session() as session:
+        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id).all()
+        rendered = {(row.task_id, row.map_index): row.rendered_fields for row in rows}
+    assert rendered["layer_0", 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
+    assert rendered["layer_1", 0]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
+    assert rendered["layer_1", 0]["plan_node"] == "5"
+
+
+def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
+    log = CallLog(tmp_path)
+    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
+    planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())])
+    run_chain(build("pages_skip_reuse", planner, tools), {"goal": GOAL})
+    text = capfd.readouterr()
+    logs = text.out + text.err
+    assert "node 5 skipped because parent 3 requested a replan" in logs
+    assert "node 6 skipped because parent 5 skipped" in logs
+    assert 'node 1 reused: it succeeded in an earlier revision; output: {"p99": 870}' in logs
+
+
+def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
+    from airflow_plan_provider.dag_factory import plan_params
+    from airflow_plan_provider.example.tools import registry
+    from airflow_plan_provider.plan.validate import validate_plan
+
+    form = {name: param.dump() for name, param in plan_params("a goal").items()}
+    for name in ("max_replans", "max_steps"):
+        assert len(form[name]["description"] or "") > 40, name
+    assert "replan" in form["max_replans"]["description"] and "tool calls" in form["max_steps"]["description"]
+    text = form["plan"]["schema"]["description_md"]
+    example = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
+    assert validate_plan(example, registry).layers == [["1", "2"], ["3"]]
+
+
+def test_plan_llm_connection_form_through_the_hook_meta_endpoint():
+    """What the api-server's ``/ui/connections/hook_meta`` returns for the plan_llm type."""
+    from airflow.api_fastapi.core_api.routes.ui.connections import hook_meta_data
+
+    meta = next(m for m in hook_meta_data() if m.connection_type == "plan_llm").model_dump(mode="json")
+    assert meta["hook_name"] == "Plan LLM (OpenAI-compatible)"
+    fields = meta["standard_fields"]
+    assert (fields["host"]["title"], fields["host"]["placeholder"]) == ("Base URL", "https://api.openai.com/v1")
+    assert (fields["password"]["title"], fields["password"]["hidden"]) == ("API key", False)
+    assert fields["login"]["hidden"] is True
+    model = meta["extra_fields"]["model"]
+    assert model["schema"]["title"] == "Model" and "gpt-4o-mini" in model["description"]
+    assert "gpt-4o-mini" in model["schema"]["examples"]
