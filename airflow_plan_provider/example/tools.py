@@ -249,6 +249,9 @@ def analyze_correlation(latency: dict, against: Any, label: str) -> dict:
     if top is not None:
         overlap = sorted(set(top["hours"]) & set(peak_hours))
         top = {**top, "overlap_hours": overlap}
+        if top.get("dependency") and isinstance(against, dict):
+            # the report charts the dependency's p99 beside the service's, whichever series correlated
+            top["dependency_p99"] = list(against["dependencies"][top["dependency"]]["p99"])
         same = f", unusual in the same hours ({hour_spans(overlap)})" if overlap else ""
         sentence = f"{opening} It correlates most with {top['name']} (r = {top['coefficient']:.3f}){same}."
     else:
