@@ -199,3 +199,26 @@ def test_spans_only_when_airflow_tracing_is_on(tmp_path, monkeypatch):
     assert sum(s.name == "plan.planning" for s in spans) == 2
     node_3 = next(s for s in spans if s.name == "plan.node" and s.attributes["plan.node_id"] == "3")
     assert node_3.attributes["plan.tool"] == "query_deploys"
+
+
+def test_a_node_that_never_reported_gets_its_outcome_event_from_finalize():
+    from airflow_plan_provider.operators.finalize import NO_REPORT, node_events
+    from airflow_plan_provider.plan.events import EventSource, make_event
+    from airflow_plan_provider.plan.result import NodeRecord
+    from airflow_plan_provider.plan.session import SessionState
+
+    state = SessionState(dag_id="d", root_run_id="r", run_ids=["r"])
+    source = EventSource("d", "r", "r", 0)
+    started = make_event("node.started", source, "1", tool="a")
+    succeeded = make_event("node.succeeded", source, "1", tool="a")
+    records = {
+        "1": NodeRecord(node_id="1", tool="a", status="success", events=[started, succeeded]),
+        "2": NodeRecord(node_id="2", tool="b", status="failed", error=NO_REPORT),
+    }
+    reported, unreported = node_events(records, state)
+    assert [(e.type, e.node_id) for e in reported] == [("node.started", "1"), ("node.succeeded", "1")]
+    assert [(e.type, e.node_id, e.run_id, e.data["error"]) for e in unreported] == [
+        ("node.failed", "2", "r", NO_REPORT)
+    ]
+    assert state.events == []  # finalize adds them to the session, once
+    assert "events" not in records["1"].model_dump()  # the history does not repeat them

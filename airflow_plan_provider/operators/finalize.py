@@ -20,9 +20,9 @@ from airflow_plan_provider.operators._xcom import (
     pull_session,
 )
 from airflow_plan_provider.operators.replan import replan_run_id
-from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order
+from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.result import NodeRecord, ReplanInfo, SessionResult
+from airflow_plan_provider.plan.result import Event, NodeRecord, ReplanInfo, SessionResult
 from airflow_plan_provider.plan.session import Conclusion, SessionState, conclude, lock_successes
 
 NO_REPORT = "the node's task ended without reporting (killed, timed out, or its layer never ran)"
@@ -55,17 +55,17 @@ def collect_records(
     return records, outputs
 
 
-def node_events(records: dict[str, NodeRecord], state: SessionState) -> list[Any]:
-    """The node events of this run, in order: those each node task recorded, and for a node whose task
-    recorded none (it never reported) its outcome, recorded here."""
+def node_events(records: dict[str, NodeRecord], state: SessionState) -> tuple[list[Event], list[Event]]:
+    """The node events of this run: those the node tasks recorded (and logged), in order; and for each
+    node whose task recorded none (it never reported) its outcome, to be recorded here."""
     reported = in_order(event for record in records.values() for event in record.events)
+    unreported = []
     for record in records.values():
         if not record.events:
             kind = "node.reused" if record.reused else NODE_OUTCOMES[record.status]
-            event = state.event(kind, record.node_id, tool=record.tool, attempt=record.attempts)
-            event.data["error"] = record.error
-            reported.append(event)
-    return reported
+            data = {"tool": record.tool, "attempt": record.attempts, "error": record.error}
+            unreported.append(make_event(kind, state.source, record.node_id, **data))
+    return reported, unreported
 
 
 def _shown_output(record: NodeRecord, output: Any) -> Any:
@@ -103,8 +103,10 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         executed = [r for r in records.values() if not r.reused and r.status != "skipped"]
         state.usage.steps += len(executed)
         state.history.extend(records.values())
-        state.events.extend(node_events(records, state))
+        reported, unreported = node_events(records, state)
+        state.events.extend(reported)
         since = len(state.events)  # the node tasks logged their own events; finalize logs the rest
+        state.events.extend(unreported)
         lock_successes(plan, records, outputs, state)
         conclusion = conclude(plan, records, state)
         final_outputs = {n: _shown_output(records[n], outputs[n]) for n in plan.node_ids if n in outputs}
