@@ -93,7 +93,7 @@ def test_seed_session_from_the_database(seed_session):
         ("4", "5", True),
         ("1", "5", False),
     }
-    assert first["replanned"] and first["result"]["status"] == "failed"
+    assert first["replanned"] and first["result"]["status"] == "replanned"
     assert first["diff"] is None and first["reason"] is None
 
     revised = by_id(second)
