@@ -152,7 +152,8 @@ def mutated_plans(draw: st.DrawFn) -> dict[str, Any]:
         if action == "delete":
             del parent[key]
         elif action == "duplicate" and isinstance(parent, list):
-            parent.append(copy.deepcopy(parent[key]))
+            # the same object twice, not a deep copy: an earlier "nest" may have put 2000 levels here
+            parent.append(parent[key])
         elif action == "reference":
             parent[key] = draw(st.sampled_from(["${1}", "${2.x}", "${3}", "${9.a}", "a ${1.b} b", "$${1}"]))
         elif action == "hostile":

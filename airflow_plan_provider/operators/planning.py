@@ -41,6 +41,7 @@ from airflow_plan_provider.planners.base import (
     PlanningOutcome,
     PlanRequest,
     plan_with_repairs,
+    rejected_problem_count,
 )
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
@@ -388,7 +389,7 @@ def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """Event fields for the problems of each rejected attempt: the first ones and each attempt's total."""
     return {
         "rejected": [problems[:MAX_REPORTED_PROBLEMS] for problems in rejected],
-        "rejected_total": [len(problems) for problems in rejected],
+        "rejected_total": [rejected_problem_count(problems) for problems in rejected],
     }
 
 
