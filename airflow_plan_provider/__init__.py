@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Budgets": "airflow_plan_provider.plan.budgets",
+    "ControlRetries": "airflow_plan_provider.dag_factory",
     "Edge": "airflow_plan_provider.plan.model",
     "Limits": "airflow_plan_provider.plan.validate",
     "Node": "airflow_plan_provider.plan.model",

@@ -10,12 +10,14 @@ under the ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for ever
 The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer, one instance per node)
 → ``finalize`` → ``replan`` (only runs when a replan is due). Layer 0 maps over the planning task's
 return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer k-1, so no
-extra scheduling hop sits on the critical path.
+extra scheduling hop sits on the critical path. Every task retries when its worker is lost: nodes as
+``node_retries`` says, the other tasks as :class:`ControlRetries` says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +48,36 @@ from airflow_plan_provider.tools.registry import (
 )
 
 MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
+
+
+@dataclass(frozen=True)
+class ControlRetries:
+    """How the tasks around the nodes (``plan``, ``select_layer_k``, ``finalize``, ``replan``) retry.
+
+    They fail for good on their own verdicts (an invalid plan, a failed session); a retry is for a
+    lost worker (killed, evicted, out of memory) or an unexpected error, and every one of them is safe
+    to run again: planning plans again (see :class:`~airflow_plan_provider.operators.planning.PlanOperator`
+    for the plan it reuses), select and finalize recompute from what the earlier tasks recorded, and
+    replan waits for the run an earlier try started instead of starting another. The default retries
+    three times, five seconds apart: a lost task costs the heartbeat timeout that notices it plus a few
+    seconds, not Airflow's default five minutes.
+
+    >>> ControlRetries(retries=1, delay=timedelta(seconds=2)).task_kwargs()
+    {'retries': 1, 'retry_delay': datetime.timedelta(seconds=2)}
+    """
+
+    retries: int = 3
+    delay: timedelta = timedelta(seconds=5)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"ControlRetries.retries must be an integer >= 0, got {self.retries!r}")
+        if not isinstance(self.delay, timedelta) or self.delay < timedelta(0):
+            raise ValueError(f"ControlRetries.delay must be a timedelta >= 0, got {self.delay!r}")
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """The operator arguments of a control task."""
+        return {"retries": self.retries, "retry_delay": self.delay}
 
 
 READY_PLAN_EXAMPLE = """{
@@ -124,6 +156,7 @@ def build_plan_dag(
     artifact_threshold: int = 64 * 1024,
     checkpoints: bool = True,
     eager: bool = False,
+    control_retries: ControlRetries | None = None,
     goal: str = "",
     schedule: Any = None,
     params: Mapping[str, Any] | None = None,
@@ -142,7 +175,8 @@ def build_plan_dag(
     ``eager=True`` maps every node in one task ``nodes`` instead of one task per layer: a node starts
     as soon as its own parents finish (waiting deferred on the triggerer), with no layer barrier.
     Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
-    a folder under AIRFLOW_HOME) and XCom carries a reference.
+    a folder under AIRFLOW_HOME) and XCom carries a reference. ``control_retries`` (default
+    ``ControlRetries()``: 3 retries, 5 s apart) is how every task other than the nodes retries.
     """
     tools = _tools_spec(tools)
     dag_kwargs.setdefault("tags", ["plan"])
@@ -168,6 +202,7 @@ def build_plan_dag(
     }
     if pool:
         node_kwargs["pool"] = pool
+    control = (control_retries or ControlRetries()).task_kwargs()
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         plan = PlanOperator(
             task_id=PLAN_TASK,
@@ -176,6 +211,7 @@ def build_plan_dag(
             tools=tools,
             repair_attempts=repair_attempts,
             limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
+            **control,
         )
         previous: Any = plan
         layers: list[Any] = []
@@ -190,7 +226,7 @@ def build_plan_dag(
             else:
                 # runs alongside layer k-1 (after layer k-2), so at most one starts beside each layer
                 select = LayerSelectOperator(
-                    task_id=select_task_id(index), layer=index, trigger_rule=TriggerRule.ALL_DONE
+                    task_id=select_task_id(index), layer=index, trigger_rule=TriggerRule.ALL_DONE, **control
                 )
                 plan >> select
                 if index >= 2:
@@ -208,10 +244,11 @@ def build_plan_dag(
             task_id=FINALIZE_TASK,
             trigger_rule=TriggerRule.ALL_DONE,
             replan_task_id=REPLAN_TASK if replan else None,
+            **control,
         )
         [plan, previous] >> finalize
         if replan:
-            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id)
+            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id, **control)
     return dag
 
 

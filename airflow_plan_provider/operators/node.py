@@ -184,9 +184,9 @@ class PlanNodeOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         run = self._start(context)
         ti, plan, node, state = run.ti, run.plan, run.node, run.state
+        if state.eager:  # a parent still running has no record yet: read records once parents finished
+            self._wait_for_parents(ti, plan, list(plan.parents[node.id]))
         parents = {p: pull_node_record(ti, plan, p, state.eager) for p in plan.parents[node.id]}
-        if state.eager:
-            self._wait_for_parents(ti, plan, [p for p, r in parents.items() if r is None])
         statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
         decision = decide(plan, node.id, statuses, moot)
@@ -328,13 +328,13 @@ class PlanNodeOperator(BaseOperator):
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
-    def _wait_for_parents(self, ti: Any, plan: ValidatedPlan, unreported: list[str]) -> None:
-        """Eager mode: defer until every parent that has not reported yet has finished."""
-        if not unreported:
+    def _wait_for_parents(self, ti: Any, plan: ValidatedPlan, parents: list[str]) -> None:
+        """Eager mode: defer until every parent's task instance has finished."""
+        if not parents:
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        indexes = [node_location(plan, p, eager=True)[1] for p in unreported]
+        indexes = [node_location(plan, p, eager=True)[1] for p in parents]
         states = RuntimeTaskInstance.get_task_states(
             dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id]
         )

@@ -4,11 +4,17 @@ A replan run's conf carries the session so far (locked outputs, root run, revisi
 only when it can prove the conf came from this DAG's own replan task (see :func:`verified_session`): a
 conf is user input, and a forged session could reuse another run's idempotency keys and checkpoints or
 pass off any output as a locked node's.
+
+The task is retried when its worker is lost. A retry plans again: it repeats the conf checks and asks
+the planner again (an LLM planner is called again), unless an earlier try of this task already had a
+plan validated: that plan's reply, kept in Airflow's task state store, is validated again and reused,
+so the tokens are not spent twice and the run goes on with the plan the first try logged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
@@ -46,6 +52,8 @@ from airflow_plan_provider.planners.base import (
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
 MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
+#: Task state store key of the planner reply a try of the planning task validated (reused by retries).
+ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 
 
 class PlanOperator(BaseOperator):
@@ -58,6 +66,11 @@ class PlanOperator(BaseOperator):
     An invalid plan fails this task with its problems in its log (the first
     :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS` and a count of the rest), and no
     node runs.
+
+    Safe to retry (a lost worker): no node runs before this task succeeds, so a retry may plan afresh.
+    A try that had a plan validated keeps the planner's reply (and the attempts' token usage) in the
+    task state store first; a later try of the same task instance (a retry, or the task cleared)
+    validates that reply again instead of asking the planner. Trigger a new run for a fresh plan.
 
     :param planner: the planner; ``None`` runs only ready plans given in the conf.
     :param tools: a tool registry, or ``"module:attribute"`` naming one.
@@ -108,7 +121,7 @@ class PlanOperator(BaseOperator):
         tools = load_tools(self.tools)
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
-                plan = self._plan(state, params, planner_conf, tools)
+                plan = self._plan(state, params, planner_conf, tools, context.get("task_state_store"))
         except PlanningError as error:
             self._fail(ti, state, error, since)
 
@@ -186,6 +199,7 @@ class PlanOperator(BaseOperator):
         params: Mapping[str, Any],
         planner_conf: Mapping[str, Any],
         tools: ToolRegistry,
+        store: Any = None,
     ) -> ValidatedPlan:
         limits = self.limits
         if state.current_plan is None:
@@ -196,11 +210,12 @@ class PlanOperator(BaseOperator):
                 if self.planner is None:
                     raise PlanningError("no planner configured and no plan given in the run's conf")
                 request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
-                outcome = plan_with_repairs(
+                outcome = self._outcome(
                     self.planner,
                     request,
                     lambda raw: validate_plan(raw, tools, limits),
                     repair_attempts=self.repair_attempts,
+                    store=store,
                 )
             _record_usage(state, outcome.usage)  # the calls came first
             state.event(
@@ -215,11 +230,12 @@ class PlanOperator(BaseOperator):
             if self.planner is None:
                 raise PlanningError("replanning needs a planner; none is configured", reason="no_plan")
             current = validate_plan(state.current_plan)
-            outcome = plan_with_repairs(
+            outcome = self._outcome(
                 self.planner,
                 self._replan_request(state, current, planner_conf, tools),
                 lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
                 repair_attempts=self.repair_attempts,
+                store=store,
             )
             _record_usage(state, outcome.usage)  # the calls came first
             diff = plan_diff(current, outcome.plan)
@@ -236,6 +252,73 @@ class PlanOperator(BaseOperator):
                 "plan.diff", **diff.model_dump(), attempts=outcome.attempts, **_rejected(outcome.rejected)
             )
         return outcome.plan
+
+    def _outcome(
+        self,
+        planner: Planner,
+        request: PlanRequest,
+        finish: Callable[[Any], ValidatedPlan],
+        *,
+        repair_attempts: int,
+        store: Any,
+    ) -> PlanningOutcome:
+        """Plan with repairs; reuse the reply an earlier try of this task validated, keep the one accepted.
+
+        A kept reply goes through ``finish`` again (the same checks as any planner reply); if it no
+        longer passes, the planner is asked as usual.
+        """
+        kept = store.get(ACCEPTED_REPLY_KEY) if store is not None else None
+        if isinstance(kept, dict) and "reply" in kept:
+            try:
+                plan = finish(kept["reply"])
+            except PlanValidationError as error:
+                self.log.warning(
+                    "the plan an earlier try validated fails validation now (%s); asking the planner",
+                    describe(error.problems).splitlines()[0] if error.problems else error,
+                )
+            else:
+                self.log.info("reusing the plan an earlier try of this task validated; planner not asked")
+                attempts, usage = int(kept.get("attempts", 1)), list(kept.get("usage", []))
+                return PlanningOutcome(plan, attempts, usage, list(kept.get("rejected", [])))
+        accepted: list[Any] = []
+
+        def finish_and_keep(raw: Any) -> ValidatedPlan:
+            validated = finish(raw)
+            accepted.append(raw)
+            return validated
+
+        outcome = plan_with_repairs(planner, request, finish_and_keep, repair_attempts=repair_attempts)
+        if store is not None:
+            self._keep(store, accepted[-1], outcome)
+        return outcome
+
+    def _keep(self, store: Any, reply: Any, outcome: PlanningOutcome) -> None:
+        """Keep an accepted reply for this task's retries (skipped when it is too large to keep)."""
+        from airflow.sdk import conf
+
+        if isinstance(reply, Plan):
+            reply = reply.to_json_dict()
+        value = {
+            "reply": reply,
+            "attempts": outcome.attempts,
+            "usage": outcome.usage,
+            "rejected": outcome.rejected,
+        }
+        try:
+            size = len(json.dumps(value))
+        except (TypeError, ValueError):
+            self.log.info("the accepted plan is not JSON; a retry of this task asks the planner again")
+            return
+        limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
+        if 0 < limit < size:
+            self.log.info(
+                "the accepted plan (%s bytes) exceeds [state_store] max_value_storage_bytes (%s); "
+                "a retry of this task asks the planner again",
+                size,
+                limit,
+            )
+            return
+        store.set(ACCEPTED_REPLY_KEY, value)
 
     def _replan_request(
         self,

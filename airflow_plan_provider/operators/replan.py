@@ -1,10 +1,16 @@
-"""The replan task: start the next revision as a new run of the same DAG and wait for it, deferred."""
+"""The replan task: start the next revision as a new run of the same DAG and wait for it, deferred.
+
+Retry-safe: the next revision's run id is fixed (:func:`replan_run_id`), so a try that finds that run
+already there (an earlier try started it, then its worker was lost) waits for it instead of starting it
+again.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID, TriggerDagRunOperator
+from airflow.providers.standard.triggers.external_task import DagStateTrigger
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_plan_provider.operators._xcom import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
@@ -19,7 +25,9 @@ class ReplanOperator(TriggerDagRunOperator):
     """Trigger the replan run prepared by finalize, wait for it without holding a worker slot, and
     report the outcome of the whole chain (XCom ``return_value``); fail when the chain failed.
 
-    Skips itself when finalize prepared no replan.
+    Skips itself when finalize prepared no replan. When the run already exists (a retry after the
+    worker of an earlier try was lost), it is not triggered again: the task waits for it (deferred, as
+    after a trigger) or, when it has finished, reports its outcome at once.
 
     :param trigger_dag_id: the id of the plan DAG this task belongs to: a replan run is a run of the same
         DAG. Given when the DAG is built, because Airflow's "Triggered DAG" link on this task reads it from
@@ -39,7 +47,7 @@ class ReplanOperator(TriggerDagRunOperator):
             **kwargs,
         )
 
-    def execute(self, context: Any) -> None:
+    def execute(self, context: Any) -> Any:
         ti = context["ti"]
         conf = ti.xcom_pull(task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY)
         if not conf:
@@ -53,17 +61,39 @@ class ReplanOperator(TriggerDagRunOperator):
         self.conf = conf
         self.trigger_run_id = replan_run_id(session["root_run_id"], session["revision"])
         self.note = f"revision {session['revision']} of {session['root_run_id']} (parent {ti.run_id})"
+        if ti.get_dr_count(dag_id=ti.dag_id, run_ids=[self.trigger_run_id]) > 0:
+            return self._wait_for_existing(context, self.trigger_run_id)
         self.log.info("starting revision %s as run %s", session["revision"], self.trigger_run_id)
         super().execute(context)
+        return None
+
+    def _wait_for_existing(self, context: Any, run_id: str) -> Any:
+        """Wait for the revision's run an earlier try started, instead of triggering it again."""
+        ti = context["ti"]
+        ti.xcom_push(key=XCOM_RUN_ID, value=run_id)  # as after a trigger: the task's link to the run
+        state = ti.get_dagrun_state(dag_id=ti.dag_id, run_id=run_id)
+        self.log.info("run %s of this revision already exists (%s); not starting it again", run_id, state)
+        if state in self.allowed_states or state in self.failed_states:
+            return self.execute_complete(context, ("", {"run_ids": [run_id], run_id: state}))
+        self.defer(
+            trigger=DagStateTrigger(
+                dag_id=ti.dag_id,
+                states=[*self.allowed_states, *self.failed_states],
+                execution_dates=None,
+                run_ids=[run_id],
+                poll_interval=self.poke_interval,
+            ),
+            method_name="execute_complete",
+        )
 
     def execute_complete(self, context: Any, event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
         ti = context["ti"]
         child = event[1]["run_ids"][0]
         result = None
         for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a child that replanned reports through its replan task
-            result = ti.xcom_pull(
-                task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY, map_indexes=-1
-            )
+            # every map index of an unmapped task: the Task SDK answers a missing value with None, where
+            # a single-index pull logs a 404 at error level (the child's replan task usually pushed none)
+            result = ti.xcom_pull(task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
             if result and (task_id == FINALIZE_TASK or result.get("run_ids")):
                 break
         if not result:
