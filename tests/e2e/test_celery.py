@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster, pid_alive
+from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
 
@@ -104,6 +105,9 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
         key = (result["run_ids"][record["revision"]], record["node_id"])
         if record.get("hostname") and key in node_hosts and not record.get("reused"):
             assert record["hostname"] == node_hosts[key], record
+
+    # Nothing logged at error level in a normal session: no task log, no component log (workers included).
+    assert error_lines(cluster.log_dir) == []
 
 
 def test_stop_ends_every_process_and_the_database_is_dropped(

@@ -1,0 +1,176 @@
+"""Lost Celery workers: SIGKILLed while ``plan``, a node, or ``finalize`` runs, each session completes.
+
+One CeleryExecutor cluster (a fresh PostgreSQL database, the local Redis as broker, two named workers)
+with a 20 s task heartbeat timeout. Three sessions of ``e2e_lost_worker`` (tests/e2e/dags/
+lost_worker_dags.py) start together; each parks the first try of one task (its planner call, node
+``a``'s tool call, finalize) until the test has SIGKILLed the worker running it — the worker's whole
+process family, found by the hostname Airflow recorded for the task instance — and started it again.
+Airflow notices each lost task by its missing heartbeat and retries it; the sessions must complete
+with every side effect performed once (one per idempotency key).
+
+PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) must be running; ``.ci/run`` starts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.logs import error_lines
+from airflow_plan_provider.testing.postgres import PostgresDatabase
+from airflow_plan_provider.testing.scripted import CallLog
+from airflow_plan_provider.testing.sessions import session_result
+
+pytestmark = pytest.mark.e2e
+
+DAG_FILE = Path(__file__).resolve().parent / "dags" / "lost_worker_dags.py"
+DAG_ID = "e2e_lost_worker"  # as in dags/lost_worker_dags.py
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # as in dags/lost_worker_dags.py
+WORKERS = ("worker-a", "worker-b")
+BROKER = "redis://127.0.0.1:6379/5"
+HEARTBEAT_TIMEOUT = 20
+# A task whose worker died stops heartbeating; the scheduler fails (and so retries) it once its last
+# heartbeat is older than the timeout, checking every detection interval (defaults 300 s and 10 s).
+LOST_TASK_SETTINGS = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+}
+# the task each session's conf holds, and where that task runs
+TARGETS = {"plan": ("plan", -1), "node": ("layer_0", 0), "finalize": ("finalize", -1)}
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, CallLog]]:
+    down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
+    if down and not os.environ.get("CI"):
+        pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
+    base = tmp_path_factory.mktemp("lost-worker")
+    dags = base / "dags"
+    dags.mkdir()
+    shutil.copy(DAG_FILE, dags)
+    calls = base / "calls"
+    t0 = time.monotonic()
+    with (
+        PostgresDatabase() as db,
+        AirflowCluster(
+            dags,
+            env={CALL_LOG_ENV: str(calls), **LOST_TASK_SETTINGS},
+            database_url=db.url,
+            broker_url=BROKER,
+            celery_workers=WORKERS,
+            worker_concurrency=2,
+        ) as running,
+    ):
+        running.wait_for_dag(DAG_ID, timeout=180)
+        running.unpause(DAG_ID)
+        print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
+        yield running, CallLog(calls / DAG_ID)
+
+
+def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
+    [ti] = [
+        t
+        for t in cluster.task_instances(DAG_ID, run_id)
+        if t["task_id"] == task_id and t["map_index"] == map_index
+    ]
+    return ti
+
+
+def wait_for(predicate: Any, timeout: float, what: str, cluster: AirflowCluster) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout}s\n{cluster.diagnostics()}")
+
+
+def timestamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def test_sessions_complete_after_their_worker_is_killed_in_plan_node_and_finalize(
+    celery: tuple[AirflowCluster, CallLog],
+) -> None:
+    cluster, log = celery
+    runs = {
+        hold: cluster.trigger(DAG_ID, {"goal": f"survive a lost worker in {hold}", "hold": hold, "tag": hold})
+        for hold in TARGETS
+    }
+    # every held task is running its first try, parked on the marker it wrote
+    wait_for(
+        lambda: all((log.folder / f"held-{hold}").exists() for hold in TARGETS),
+        180,
+        "the three held tasks did not start",
+        cluster,
+    )
+    hosts = {hold: task_instance(cluster, runs[hold], *TARGETS[hold]) for hold in TARGETS}
+    assert {hold: (ti["state"], ti["try_number"]) for hold, ti in hosts.items()} == dict.fromkeys(
+        TARGETS, ("running", 1)
+    )
+    victims = sorted({ti["hostname"] for ti in hosts.values()})
+    assert set(victims) <= set(WORKERS), victims
+    print(f"\n[e2e] held tasks run on {[(h, ti['hostname']) for h, ti in hosts.items()]}")
+    killed_at = time.time()
+    for worker in victims:
+        cluster.kill(worker)  # SIGKILL of the worker, its pool processes and the tasks they run
+    for worker in victims:
+        cluster.restart(worker)
+
+    for hold, run_id in runs.items():
+        state = cluster.wait_for_run(DAG_ID, run_id, timeout=240)
+        assert state == "success", (hold, cluster.diagnostics())
+        result = session_result(cluster, DAG_ID, run_id)
+        assert result is not None and (result["status"], result["reason"]) == ("completed", "goal_met"), hold
+        assert result["outputs"]["b"] == {"node": "b", "performed": True}, hold
+
+        task_id, map_index = TARGETS[hold]
+        ti = task_instance(cluster, run_id, task_id, map_index)
+        assert ti["try_number"] == 2 and ti["state"] == "success", (hold, ti)
+        assert ti["hostname"] in WORKERS
+        run = cluster.get_run(DAG_ID, run_id)
+        print(
+            f"[e2e] {hold}: killed on {hosts[hold]['hostname']}; try 2 started "
+            f"{timestamp(ti['start_date']) - killed_at:.1f}s after the kill on {ti['hostname']}; session "
+            f"completed {timestamp(run['end_date']) - killed_at:.1f}s after the kill"
+        )
+
+    # each lost task was noticed by its missing heartbeat (then retried as any failed try)
+    lost = [line for line in error_lines(cluster.log_dir) if "task instance without a heartbeat" in line]
+    for hold, run_id in runs.items():
+        assert any(f"'Task Id': '{TARGETS[hold][0]}'" in x and run_id in x for x in lost), (hold, lost)
+
+    # every side effect happened once: one per idempotency key, and each node of each session has one
+    effects = log.side_effects()
+    assert len({e["key"] for e in effects}) == len(effects), effects
+    assert sorted((e["tag"], e["node"]) for e in effects) == sorted(
+        (hold, n) for hold in TARGETS for n in "ab"
+    )
+    # the killed node was called again with the same key (no second effect); nothing else ran twice
+    keys = {e["key"]: (e["tag"], e["node"]) for e in effects}
+    calls = Counter(keys[c["key"]] for c in log.calls())
+    assert calls == Counter({(hold, n): 1 for hold in TARGETS for n in "ab"} | {("node", "a"): 2})
+    # planning killed mid-call asked its planner again; the other sessions asked once
+    asked = [
+        json.loads(line)["tag"] for line in (log.folder / "planner_calls.jsonl").read_text().splitlines()
+    ]
+    assert sorted(asked) == ["finalize", "node", "plan", "plan"]
