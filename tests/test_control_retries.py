@@ -299,3 +299,29 @@ def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path
     assert str(ti.state) == "failed"
     assert xcom(root, "replan")["status"] == "failed" == xcom(child, "finalize")["status"]
     assert run_ids(dag.dag_id) == sorted([root.run_id, child.run_id])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "a plan",
+        {"attempts": 1, "usage": [], "rejected": []},  # no reply
+        {"reply": {}, "attempts": 0, "usage": [], "rejected": []},
+        {"reply": {}, "attempts": True, "usage": [], "rejected": []},
+        {"reply": {}, "attempts": 1, "usage": [{"prompt_tokens": "9"}], "rejected": []},
+        {"reply": {}, "attempts": 1, "usage": "lots", "rejected": []},
+        {"reply": {}, "attempts": 1, "usage": [], "rejected": [{"problem": 1}]},
+    ],
+)
+def test_a_kept_reply_of_another_shape_is_not_reused(value):
+    from airflow_plan_provider.operators.planning import _kept_reply
+
+    assert _kept_reply(value) is None
+
+
+def test_a_kept_reply_is_reused_as_stored():
+    from airflow_plan_provider.operators.planning import _kept_reply
+
+    kept = {"reply": LINEAR, "attempts": 2, "usage": [{"prompt_tokens": 9}], "rejected": [[{"code": "x"}]]}
+    assert _kept_reply(kept) == kept

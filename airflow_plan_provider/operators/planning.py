@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
-from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
+from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators._xcom import (
     FINALIZE_TASK,
@@ -267,19 +267,18 @@ class PlanOperator(BaseOperator):
         A kept reply goes through ``finish`` again (the same checks as any planner reply); if it no
         longer passes, the planner is asked as usual.
         """
-        kept = store.get(ACCEPTED_REPLY_KEY) if store is not None else None
-        if isinstance(kept, dict) and "reply" in kept:
+        kept = _kept_reply(store.get(ACCEPTED_REPLY_KEY)) if store is not None else None
+        if kept is not None:
             try:
                 plan = finish(kept["reply"])
-            except PlanValidationError as error:
+            except PlanProviderError as error:
                 self.log.warning(
-                    "the plan an earlier try validated fails validation now (%s); asking the planner",
-                    describe(error.problems).splitlines()[0] if error.problems else error,
+                    "the plan an earlier try validated is not valid now (%s); asking the planner",
+                    str(error).splitlines()[0][:MAX_MESSAGE_CHARS],
                 )
             else:
                 self.log.info("reusing the plan an earlier try of this task validated; planner not asked")
-                attempts, usage = int(kept.get("attempts", 1)), list(kept.get("usage", []))
-                return PlanningOutcome(plan, attempts, usage, list(kept.get("rejected", [])))
+                return PlanningOutcome(plan, kept["attempts"], kept["usage"], kept["rejected"])
         accepted: list[Any] = []
 
         def finish_and_keep(raw: Any) -> ValidatedPlan:
@@ -359,6 +358,23 @@ def _ready_plan(raw: Any, tools: ToolRegistry, limits: Limits) -> PlanningOutcom
             error.problems,
             reason="invalid_plan",
         ) from None
+
+
+def _kept_reply(value: Any) -> dict[str, Any] | None:
+    """What :meth:`PlanOperator._keep` stored, when it has that shape (the store is not ours alone)."""
+    if not isinstance(value, Mapping) or "reply" not in value:
+        return None
+    attempts, usage, rejected = value.get("attempts"), value.get("usage"), value.get("rejected")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        return None
+    if not isinstance(usage, list) or not all(
+        isinstance(u, dict) and all(isinstance(n, int) and not isinstance(n, bool) for n in u.values())
+        for u in usage
+    ):
+        return None
+    if not isinstance(rejected, list) or not all(isinstance(r, list) for r in rejected):
+        return None
+    return {"reply": value["reply"], "attempts": attempts, "usage": usage, "rejected": rejected}
 
 
 def verified_session(ti: Any, conf: Mapping[str, Any], run_id: str) -> SessionState:
