@@ -89,13 +89,12 @@ class ReplanOperator(TriggerDagRunOperator):
     def execute_complete(self, context: Any, event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
         ti = context["ti"]
         child = event[1]["run_ids"][0]
-        result = None
-        for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a child that replanned reports through its replan task
-            # every map index of an unmapped task: the Task SDK answers a missing value with None, where
-            # a single-index pull logs a 404 at error level (the child's replan task usually pushed none)
-            result = ti.xcom_pull(task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
-            if result and (task_id == FINALIZE_TASK or result.get("run_ids")):
-                break
+        # Pulls without map_indexes read every map index of the (unmapped) task: a missing value is then
+        # None, where a single-index pull is a 404 the Task SDK logs at error level.
+        result = ti.xcom_pull(task_ids=FINALIZE_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
+        if isinstance(result, dict) and result.get("status") == "replanned":
+            # the child replanned in turn: its replan task reports the rest of the chain
+            result = ti.xcom_pull(task_ids=REPLAN_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
         if not result:
             raise AirflowFailException(f"replan run {child} ended ({event[1].get(child)}) without a result")
         self.log.info("session ended %s (%s) after run %s", result["status"], result["reason"], child)
