@@ -1,7 +1,9 @@
 """Large node outputs and node checkpoints, kept in the artifact store.
 
-The store is any :class:`airflow.sdk.ObjectStoragePath` location: a local folder under AIRFLOW_HOME by
-default, ``s3://…`` or ``gs://…`` in production. Under it::
+The store is any :class:`airflow.sdk.ObjectStoragePath` location: the DAG's ``artifact_store``, else the
+``PLAN_ARTIFACT_STORE`` environment variable, else a local folder under AIRFLOW_HOME; ``s3://…`` or
+``gs://…`` in production. Every worker must see the same store: with a distributed executor (Celery,
+Kubernetes) and the default local folder, :func:`local_store_warning` says so. Under it::
 
     outputs/<sha256 of the key>/<sha256 of the content>.json   a large output (JSON)
     checkpoints/<sha256 of the key>.json                       {"key", "record", "sha256"}
@@ -47,9 +49,60 @@ class ArtifactError(PlanProviderError):
     """A stored output cannot be used: not one the provider stored for that node, missing, or altered."""
 
 
+STORE_ENV = "PLAN_ARTIFACT_STORE"
+# executors that run every task on the scheduler's machine, so a local folder is shared by all of them
+SINGLE_MACHINE_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor"})
+
+
 def default_store_url() -> str:
+    """``$PLAN_ARTIFACT_STORE`` when set, else ``file://<AIRFLOW_HOME or ~/airflow>/plan_artifacts``."""
+    configured = os.environ.get(STORE_ENV, "").strip()
+    if configured:
+        return configured
     home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
     return f"file://{os.path.join(home, 'plan_artifacts')}"
+
+
+def distributed_executors(setting: str) -> list[str]:
+    """The executors of an ``[core] executor`` setting that may run tasks on other machines.
+
+    The setting is a comma-separated list; each entry is a class name, a dotted path, or
+    ``alias:path``. Only the LocalExecutor and SequentialExecutor run every task where the scheduler is.
+
+    >>> distributed_executors("LocalExecutor,my_celery:airflow.providers.celery.executors.CeleryExecutor")
+    ['my_celery:airflow.providers.celery.executors.CeleryExecutor']
+    """
+    found = []
+    for entry in (part.strip() for part in setting.split(",")):
+        if entry and entry.rsplit(":", 1)[-1].rsplit(".", 1)[-1] not in SINGLE_MACHINE_EXECUTORS:
+            found.append(entry)
+    return found
+
+
+def local_store_warning(base_url: str | None = None, executor: str | None = None) -> str | None:
+    """Why the artifact store may not be shared by the workers, or None.
+
+    Warns when a distributed executor (``executor``, default ``[core] executor``) runs with the default
+    store, a folder under AIRFLOW_HOME: workers on other machines do not see it, so a retry elsewhere
+    would miss a node's checkpoint and large outputs would be unreadable. A store named explicitly
+    (the DAG's ``artifact_store`` or ``$PLAN_ARTIFACT_STORE``) is taken as chosen for the deployment,
+    a ``file://`` one included (a volume every worker mounts, as in docker-compose.yml).
+    """
+    if base_url or os.environ.get(STORE_ENV, "").strip():
+        return None
+    if executor is None:
+        from airflow.configuration import conf
+
+        executor = conf.get("core", "executor", fallback="LocalExecutor") or "LocalExecutor"
+    distributed = distributed_executors(executor)
+    if not distributed:
+        return None
+    return (
+        f"the plan artifact store is the local folder {default_store_url()} but the executor "
+        f"{', '.join(distributed)} may run tasks on other machines, which do not see it (checkpoints, "
+        f"large outputs); set {STORE_ENV} (or the DAG's artifact_store) to a store every worker "
+        "shares: s3://..., gs://..., or a file:// folder on a volume every worker mounts"
+    )
 
 
 def _base(base_url: str | None) -> str:

@@ -12,10 +12,17 @@ The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer
 return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer k-1, so no
 extra scheduling hop sits on the critical path. Every task retries when its worker is lost: nodes as
 ``node_retries`` says, the other tasks as :class:`ControlRetries` says.
+
+Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whose tool declares a pool
+(``@registry.tool(pool="ticket_api")``) therefore run in a lane of their own: for each layer, beside
+``layer_k``, a task ``layer_k__<pool>`` built with that pool, mapping over its own ``select_layer_k__<pool>``
+task (``nodes__<pool>`` and ``select_nodes__<pool>`` in eager mode). A registry without pooled tools
+builds exactly the tasks above.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,11 +30,14 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule
 
+from airflow_plan_provider import artifacts
 from airflow_plan_provider.operators._xcom import (
     EAGER_TASK,
     FINALIZE_TASK,
     PLAN_TASK,
     REPLAN_TASK,
+    dag_lanes,
+    lane_task_id,
     layer_task_id,
     select_task_id,
 )
@@ -44,10 +54,14 @@ from airflow_plan_provider.tools.registry import (
     Tool,
     ToolRegistry,
     installed_registries,
+    load_tools,
     missing_tools_message,
 )
 
 MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
+
+log = logging.getLogger(__name__)
+_checked_stores: set[str | None] = set()  # artifact stores already checked in this process
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,14 @@ def build_plan_dag(
     planner unless the DAG asks for them. A spec string is loaded in the worker; a registry is carried
     by the tasks and serialized as its tool names and catalog digest (the same on every parse).
     ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
-    ``max_active_nodes`` caps the nodes running at once in one run; ``pool`` shares a cap across runs.
+    ``max_active_nodes`` caps the nodes running at once in one run (in each lane, see below); ``pool``
+    shares a cap across runs.
+
+    A tool declared with ``pool=`` (and optionally ``pool_slots=``) has its nodes take slots from that
+    Airflow pool, across every run and worker: they run in the node tasks ``layer_k__<pool>``, built with
+    that pool. A node takes slots from one pool only (Airflow gives a task one pool), so the DAG's
+    ``pool`` applies to the nodes whose tool declares none, and a tool's own pool wins for its nodes.
+    ``max_active_nodes`` applies to each lane's task: a layer's pooled nodes run beside its other nodes.
     ``eager=True`` maps every node in one task ``nodes`` instead of one task per layer: a node starts
     as soon as its own parents finish (waiting deferred on the triggerer), with no layer barrier.
     Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
@@ -179,6 +200,8 @@ def build_plan_dag(
     ``ControlRetries()``: 3 retries, 5 s apart) is how every task other than the nodes retries.
     """
     tools = _tools_spec(tools)
+    lanes = dag_lanes(load_tools(tools).values())  # the pooled tools decide the node tasks
+    _check_store(artifact_store)
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
@@ -203,6 +226,9 @@ def build_plan_dag(
     if pool:
         node_kwargs["pool"] = pool
     control = (control_retries or ControlRetries()).task_kwargs()
+    lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
+    for lane, tool in lanes.items():
+        lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         plan = PlanOperator(
             task_id=PLAN_TASK,
@@ -211,45 +237,64 @@ def build_plan_dag(
             tools=tools,
             repair_attempts=repair_attempts,
             limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
+            lanes=list(lanes),
+            artifact_store=artifact_store,
             **control,
         )
-        previous: Any = plan
-        layers: list[Any] = []
-        if eager:
-            previous = PlanNodeOperator.partial(task_id=EAGER_TASK, **node_kwargs).expand(
-                plan_node=plan.output
-            )
-            plan >> previous
-        for index in range(0 if eager else max_layers):
-            if index == 0:
+
+        def node_task(base: str, lane: str | None, first: bool, after: list[Any]) -> Any:
+            """The mapped task of ``lane`` of node task ``base``; the default lane of the first node task
+            maps over the planning task's return value, every other over a select task of its own."""
+            task_id = lane_task_id(base, lane)
+            if first and lane is None:
                 source = plan.output
             else:
-                # runs alongside layer k-1 (after layer k-2), so at most one starts beside each layer
+                # runs beside the node task before (after the one before that), off the critical path
                 select = LayerSelectOperator(
-                    task_id=select_task_id(index), layer=index, trigger_rule=TriggerRule.ALL_DONE, **control
+                    task_id=select_task_id(task_id),
+                    node_task=task_id,
+                    trigger_rule=TriggerRule.ALL_DONE,
+                    **control,
                 )
                 plan >> select
-                if index >= 2:
-                    layers[index - 2] >> select
+                after >> select
                 source = select.output
-            layer = PlanNodeOperator.partial(
-                task_id=layer_task_id(index),
-                trigger_rule=TriggerRule.ALL_SUCCESS if index == 0 else TriggerRule.ALL_DONE,
-                **node_kwargs,
+            return PlanNodeOperator.partial(
+                task_id=task_id,
+                trigger_rule=TriggerRule.ALL_SUCCESS if first else TriggerRule.ALL_DONE,
+                **lane_kwargs[lane],
             ).expand(plan_node=source)
-            previous >> layer
-            previous = layer
-            layers.append(layer)
+
+        previous: list[Any] = [plan]
+        layers: list[list[Any]] = []
+        for index in range(1 if eager else max_layers):
+            base = EAGER_TASK if eager else layer_task_id(index)
+            before_previous = layers[index - 2] if index >= 2 else []
+            group = [node_task(base, lane, index == 0, before_previous) for lane in lane_kwargs]
+            for task in group:
+                previous >> task
+            previous = group
+            layers.append(group)
         finalize = FinalizePlanOperator(
             task_id=FINALIZE_TASK,
             trigger_rule=TriggerRule.ALL_DONE,
             replan_task_id=REPLAN_TASK if replan else None,
             **control,
         )
-        [plan, previous] >> finalize
+        [plan, *previous] >> finalize
         if replan:
             finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id, **control)
     return dag
+
+
+def _check_store(artifact_store: str | None) -> None:
+    """Warn (once per process and store) when the artifact store is not shared by every worker."""
+    if artifact_store in _checked_stores:
+        return
+    _checked_stores.add(artifact_store)
+    warning = artifacts.local_store_warning(artifact_store)
+    if warning:
+        log.warning("%s", warning)
 
 
 def _tools_spec(tools: ToolRegistry | Mapping[str, Tool] | str | None) -> ToolRegistry | str:

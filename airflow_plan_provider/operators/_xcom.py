@@ -1,11 +1,22 @@
-"""Names and helpers shared by the plan operators: task ids, XCom keys, and reading node records."""
+"""Names and helpers shared by the plan operators: task ids, XCom keys, and where node records are.
+
+Where a node runs is decided in one place, :func:`node_tasks`: the node tasks of a run and the node ids
+each one maps, in map-index order. Nodes run in ``layer_k`` (or ``nodes`` in eager mode), except nodes
+whose tool declares an Airflow pool: Airflow gives every instance of a mapped task the task's pool, so
+those run in a lane of their own, ``layer_k__<lane>`` (``nodes__<lane>``), built with that pool. The
+planning task records each pooled node's lane in the session (``SessionState.lanes``); every reader —
+the tasks that return a task's node ids to map over, the nodes reading their parents' records, finalize —
+locates nodes through :func:`node_location` / :func:`node_tasks` with that session.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.tools.registry import Tool
 
 PLAN_TASK = "plan"
 FINALIZE_TASK = "finalize"
@@ -17,14 +28,68 @@ NODE_KEY = "node"
 RESULT_KEY = "return_value"
 REPLAN_CONF_KEY = "replan_conf"
 EAGER_TASK = "nodes"
+LANE_SEPARATOR = "__"
 
 
-def layer_task_id(index: int) -> str:
-    return f"layer_{index}"
+def layer_task_id(index: int, lane: str | None = None) -> str:
+    return lane_task_id(f"layer_{index}", lane)
 
 
-def select_task_id(index: int) -> str:
-    return f"select_layer_{index}"
+def select_task_id(node_task: str) -> str:
+    """The task returning the node ids ``node_task`` maps (``select_layer_1``, ``select_nodes__api``)."""
+    return f"select_{node_task}"
+
+
+def lane_task_id(base: str, lane: str | None) -> str:
+    """The task id of ``lane`` of a node task (``layer_0``, ``nodes``, ``select_layer_1``, ...)."""
+    return f"{base}{LANE_SEPARATOR}{lane}" if lane else base
+
+
+def lane_of(tool: Tool) -> str | None:
+    """The lane of the nodes calling ``tool``: its pool, with the slot count when it takes more than one;
+    None (the default lane) for a tool without a pool."""
+    if not tool.pool:
+        return None
+    return tool.pool if tool.pool_slots == 1 else f"{tool.pool}{LANE_SEPARATOR}x{tool.pool_slots}"
+
+
+def dag_lanes(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """Lane → a tool that runs in it (its pool and slots), for every pooled tool; sorted by lane.
+
+    Raises ``ValueError`` when two different (pool, slots) pairs would share a lane name.
+    """
+    lanes: dict[str, Tool] = {}
+    for tool in sorted(tools, key=lambda t: t.name):
+        lane = lane_of(tool)
+        if lane is None:
+            continue
+        other = lanes.setdefault(lane, tool)
+        if (other.pool, other.pool_slots) != (tool.pool, tool.pool_slots):
+            raise ValueError(
+                f"tools {other.name!r} (pool {other.pool!r}, {other.pool_slots} slot(s)) and {tool.name!r} "
+                f"(pool {tool.pool!r}, {tool.pool_slots} slot(s)) would share the node tasks "
+                f"'layer_k{LANE_SEPARATOR}{lane}': rename one of the pools"
+            )
+    return dict(sorted(lanes.items()))
+
+
+def node_tasks(plan: ValidatedPlan, state: SessionState) -> dict[str, list[str]]:
+    """Node task id → the node ids it maps, in map-index order: where every node of the run runs.
+
+    Layered: ``layer_k`` holds layer k's nodes in the default lane, ``layer_k__<lane>`` those in a
+    pool's lane. Eager: ``nodes`` and ``nodes__<lane>`` hold the nodes in layer order. A task with no
+    node is absent.
+    """
+    groups = (
+        [(EAGER_TASK, [n for layer in plan.layers for n in layer])]
+        if state.eager
+        else [(layer_task_id(index), layer) for index, layer in enumerate(plan.layers)]
+    )
+    tasks: dict[str, list[str]] = {}
+    for base, nodes in groups:
+        for node in nodes:
+            tasks.setdefault(lane_task_id(base, state.lanes.get(node)), []).append(node)
+    return tasks
 
 
 def pull_plan(ti: Any) -> ValidatedPlan | None:
@@ -37,33 +102,35 @@ def pull_session(ti: Any) -> SessionState:
     return SessionState.model_validate(raw or {})
 
 
-def eager_order(plan: ValidatedPlan) -> list[str]:
-    """Node ids in the order the eager ``nodes`` task maps them (layer by layer)."""
-    return [node for layer in plan.layers for node in layer]
-
-
-def node_location(plan: ValidatedPlan, node_id: str, eager: bool = False) -> tuple[str, int]:
+def node_location(plan: ValidatedPlan, state: SessionState, node_id: str) -> tuple[str, int]:
     """The task id and map index of a node's task instance."""
-    if eager:
-        return EAGER_TASK, eager_order(plan).index(node_id)
-    layer = plan.layer_of(node_id)
-    return layer_task_id(layer), plan.layers[layer].index(node_id)
+    base = EAGER_TASK if state.eager else layer_task_id(plan.layer_of(node_id))
+    task_id = lane_task_id(base, state.lanes.get(node_id))
+    return task_id, node_tasks(plan, state)[task_id].index(node_id)
+
+
+def locations(plan: ValidatedPlan, state: SessionState, node_ids: Iterable[str]) -> dict[str, list[int]]:
+    """Task id → map indexes of the given nodes' task instances."""
+    found: dict[str, list[int]] = {}
+    for node_id in node_ids:
+        task_id, index = node_location(plan, state, node_id)
+        found.setdefault(task_id, []).append(index)
+    return found
 
 
 def pull_node_record(
-    ti: Any, plan: ValidatedPlan, node_id: str, eager: bool = False
+    ti: Any, plan: ValidatedPlan, state: SessionState, node_id: str
 ) -> dict[str, Any] | None:
     """The record a node pushed (status, output, ...), or None if its task never reported."""
-    task_id, index = node_location(plan, node_id, eager)
+    task_id, index = node_location(plan, state, node_id)
     record = ti.xcom_pull(task_ids=task_id, key=NODE_KEY, map_indexes=index)
     return record if isinstance(record, dict) else None
 
 
-def pull_layer_records(ti: Any, plan: ValidatedPlan, eager: bool = False) -> dict[str, dict[str, Any]]:
-    """Every node record of the run, node id → record: one XCom request per layer task."""
+def pull_layer_records(ti: Any, plan: ValidatedPlan, state: SessionState) -> dict[str, dict[str, Any]]:
+    """Every node record of the run, node id → record: one XCom request per node task."""
     records: dict[str, dict[str, Any]] = {}
-    task_ids = [EAGER_TASK] if eager else [layer_task_id(index) for index in range(len(plan.layers))]
-    for task_id in task_ids:
+    for task_id in node_tasks(plan, state):
         values = ti.xcom_pull(task_ids=task_id, key=NODE_KEY)  # all map indexes
         for value in values if isinstance(values, list) else [values]:
             if isinstance(value, dict) and "node_id" in value:

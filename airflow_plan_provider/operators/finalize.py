@@ -35,7 +35,7 @@ def collect_records(
     output is known by its record's ``artifact``)."""
     records: dict[str, NodeRecord] = {}
     outputs: dict[str, Any] = {}
-    reported = pull_layer_records(ti, plan, state.eager)
+    reported = pull_layer_records(ti, plan, state)
     for node in plan.nodes:
         raw = reported.get(node.id)
         if raw is None:

@@ -17,7 +17,8 @@ from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators._xcom import (
     NODE_KEY,
-    node_location,
+    locations,
+    node_tasks,
     pull_node_record,
     pull_plan,
     pull_session,
@@ -185,8 +186,8 @@ class PlanNodeOperator(BaseOperator):
         run = self._start(context)
         ti, plan, node, state = run.ti, run.plan, run.node, run.state
         if state.eager:  # a parent still running has no record yet: read records once parents finished
-            self._wait_for_parents(ti, plan, list(plan.parents[node.id]))
-        parents = {p: pull_node_record(ti, plan, p, state.eager) for p in plan.parents[node.id]}
+            self._wait_for_parents(ti, plan, state, list(plan.parents[node.id]))
+        parents = {p: pull_node_record(ti, plan, state, p) for p in plan.parents[node.id]}
         statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
         decision = decide(plan, node.id, statuses, moot)
@@ -328,22 +329,23 @@ class PlanNodeOperator(BaseOperator):
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
-    def _wait_for_parents(self, ti: Any, plan: ValidatedPlan, parents: list[str]) -> None:
-        """Eager mode: defer until every parent's task instance has finished."""
+    def _wait_for_parents(
+        self, ti: Any, plan: ValidatedPlan, state: SessionState, parents: list[str]
+    ) -> None:
+        """Eager mode: defer until every parent's task instance has finished (parents in another lane
+        are instances of another task)."""
         if not parents:
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        indexes = [node_location(plan, p, eager=True)[1] for p in parents]
+        tasks = locations(plan, state, parents)
         states = RuntimeTaskInstance.get_task_states(
-            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id]
+            dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
         )
-        if finished_states(states, ti.run_id, ti.task_id, indexes):
+        if finished_states(states, ti.run_id, tasks):
             return
         self.defer(
-            trigger=ParentsFinishedTrigger(
-                dag_id=ti.dag_id, run_id=ti.run_id, node_task_id=ti.task_id, map_indexes=indexes
-            ),
+            trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
             method_name="resume_after_parents",
         )
 
@@ -468,21 +470,21 @@ def _without_missing(value: Any) -> Any:
 
 
 class LayerSelectOperator(BaseOperator):
-    """Return the node ids of one layer of the published plan (empty when the plan is shallower).
+    """Return the node ids the node task ``node_task`` maps in this run (see ``_xcom.node_tasks``):
+    one layer's nodes in one lane; empty when the plan is shallower or has no such node.
 
-    Runs after layer k-2 whatever its outcome, and skips itself when planning failed.
+    Runs beside the layer before, and skips itself when planning failed.
     """
 
     ui_color = "#f0f0f0"
 
-    def __init__(self, *, layer: int, **kwargs: Any) -> None:
+    def __init__(self, *, node_task: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.layer = layer
+        self.node_task = node_task
 
     def execute(self, context: Any) -> list[str]:
-        plan = pull_plan(context["ti"])
+        ti = context["ti"]
+        plan = pull_plan(ti)
         if plan is None:
             raise AirflowSkipException("planning did not publish a plan")
-        if self.layer >= len(plan.layers):
-            return []
-        return plan.layers[self.layer]
+        return node_tasks(plan, pull_session(ti)).get(self.node_task, [])

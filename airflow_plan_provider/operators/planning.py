@@ -14,22 +14,26 @@ so the tokens are not spent twice and the run goes on with the plan the first tr
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
+from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators._xcom import (
+    EAGER_TASK,
     FINALIZE_TASK,
     PLAN_KEY,
     PLANNING_ERROR_KEY,
     REPLAN_CONF_KEY,
     SESSION_KEY,
-    eager_order,
+    lane_of,
+    layer_task_id,
+    node_tasks,
 )
 from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.operators.replan import replan_run_id
@@ -57,7 +61,8 @@ ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 
 
 class PlanOperator(BaseOperator):
-    """Plan (or replan) and validate; push the plan and session state; return the first layer's node ids.
+    """Plan (or replan) and validate; push the plan and session state; return the node ids the first
+    node task maps (``layer_0``, or ``nodes`` in eager mode).
 
     The run's conf (or the DAG's Params) gives ``goal``, optionally a ready ``plan`` (the planner is then
     skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``goal`` and ``session``
@@ -77,6 +82,9 @@ class PlanOperator(BaseOperator):
     :param limits: plan size and depth limits.
     :param repair_attempts: how many times invalid plans are sent back to the planner (0 or more).
     :param eager: map nodes as one task, each starting when its own parents finish.
+    :param lanes: the pool lanes this DAG has node tasks for; a node whose tool declares a pool runs in
+        its lane (recorded in the session), and a pool with no lane here fails planning.
+    :param artifact_store: the DAG's artifact store, checked to be shared by every worker (a warning).
     """
 
     ui_color = "#d9e8fb"
@@ -90,9 +98,13 @@ class PlanOperator(BaseOperator):
         limits: Limits | None = None,
         repair_attempts: int = 2,
         eager: bool = False,
+        lanes: Sequence[str] = (),
+        artifact_store: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.lanes = list(lanes)
+        self.artifact_store = artifact_store
         if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
             raise ValueError(f"repair_attempts must be an integer >= 0, got {repair_attempts!r}")
         self.eager = eager
@@ -105,6 +117,9 @@ class PlanOperator(BaseOperator):
     def execute(self, context: Any) -> list[str]:
         ti = context["ti"]
         run_id = context["run_id"]
+        shared = artifacts.local_store_warning(self.artifact_store)
+        if shared:
+            self.log.warning("%s", shared)
         conf: Mapping[str, Any] = context["dag_run"].conf or {}
         params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
         try:
@@ -122,6 +137,7 @@ class PlanOperator(BaseOperator):
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
                 plan = self._plan(state, params, planner_conf, tools, context.get("task_state_store"))
+            state.lanes = self._lanes(plan, tools)
         except PlanningError as error:
             self._fail(ti, state, error, since)
 
@@ -145,7 +161,24 @@ class PlanOperator(BaseOperator):
         )
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
-        return eager_order(plan) if self.eager else plan.layers[0]
+        return node_tasks(plan, state).get(EAGER_TASK if self.eager else layer_task_id(0), [])
+
+    def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
+        """Node id → lane, for the nodes whose tool declares a pool."""
+        lanes: dict[str, str] = {}
+        for node in plan.nodes:
+            tool = tools[node.tool]
+            lane = lane_of(tool)
+            if lane is None:
+                continue
+            if lane not in self.lanes:
+                raise PlanningError(
+                    f"node {node.id}: tool {tool.name!r} declares pool {tool.pool!r} "
+                    f"({tool.pool_slots} slot(s)), but this DAG has no node tasks for it (its pool lanes: "
+                    f"{self.lanes or 'none'}); the DAG file must be parsed again with this tool registry"
+                )
+            lanes[node.id] = lane
+        return lanes
 
     def _fail(self, ti: Any, state: SessionState, error: PlanningError, since: int) -> NoReturn:
         """Report a planning failure (log, event, XCom for finalize) with the problems capped, and fail."""

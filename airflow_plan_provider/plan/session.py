@@ -63,6 +63,8 @@ class SessionState(BaseModel):
     # it); "planner": written by the DAG's planner
     plan_source: Literal["planner", "conf"] = "planner"
     eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
+    # node id -> the lane (a pool's node tasks) it runs in; a node absent here runs in the default lane
+    lanes: dict[str, str] = Field(default_factory=dict)
     execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
     # set when a run ends by asking for a replan
     failed: list[str] = Field(default_factory=list)

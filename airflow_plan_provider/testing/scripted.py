@@ -99,7 +99,8 @@ class ScriptedTool:
     :class:`PermanentToolError`; ``replan`` (a reason) raises :class:`ReplanRequested` with the output;
     ``side_effect`` records one effect per idempotency key; ``fail_nodes`` limits failures to those nodes.
     ``job_seconds`` makes the tool asynchronous: the call starts a job that ends after that many seconds
-    (with the output, or failing with ``job_fails``), polled by :func:`poll_timed_job`.
+    (with the output, or failing with ``job_fails``), polled by :func:`poll_timed_job`. ``pool`` and
+    ``pool_slots`` declare the Airflow pool its nodes take slots from.
     """
 
     def __init__(
@@ -120,8 +121,12 @@ class ScriptedTool:
         job_fails: str | None = None,
         job_timeout: float | None = None,
         poll_interval: float = 1.0,
+        pool: str | None = None,
+        pool_slots: int = 1,
     ) -> None:
         self.name = name
+        self.pool = pool
+        self.pool_slots = pool_slots
         self.log = log
         self.returns = returns
         self.sleep = sleep
@@ -172,6 +177,8 @@ class ScriptedTool:
             poll=poll_timed_job if self.job_seconds is not None else None,
             poll_interval=self.poll_interval,
             timeout=self.job_timeout,
+            pool=self.pool,
+            pool_slots=self.pool_slots,
         )
 
 

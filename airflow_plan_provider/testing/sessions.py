@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_plan_provider.operators._xcom import EAGER_TASK
+from airflow_plan_provider.operators._xcom import EAGER_TASK, LANE_SEPARATOR
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 
 
@@ -24,10 +24,11 @@ def session_result(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[st
 
 def node_states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
     """Plan node id → Airflow task state, for the node tasks of one run (``layer_k``, or ``nodes`` in eager
-    mode), read from each node's label."""
+    mode, and their pool lanes ``layer_k__<pool>``, ``nodes__<pool>``), read from each node's label."""
     states: dict[str, str] = {}
     for ti in cluster.task_instances(dag_id, run_id):
-        is_node_task = ti["task_id"].startswith("layer_") or ti["task_id"] == EAGER_TASK
+        task_id = ti["task_id"]
+        is_node_task = task_id.startswith("layer_") or task_id.partition(LANE_SEPARATOR)[0] == EAGER_TASK
         if is_node_task and ti["map_index"] >= 0:
             label = ti.get("rendered_map_index") or ""
             states[label.split(" · ")[0]] = ti["state"]

@@ -9,6 +9,11 @@ Declare tools on a registry::
 
 The argument schema comes from the function's signature unless ``args`` names a pydantic model or a
 JSON Schema. A function that accepts a ``ctx`` keyword receives a :class:`ToolContext`.
+A tool that calls a rate-limited service declares an Airflow pool: every node calling it takes
+``pool_slots`` slots of that pool, across every plan run and worker::
+
+    @registry.tool(description="Search the ticket API", pool="ticket_api")
+    def search_tickets(query: str) -> list: ...
 Teams ship tools in their own packages through the ``airflow_plan_provider.tools`` entry-point
 group (the entry point names a :class:`ToolRegistry`). A DAG always names the tools it offers
 (:func:`load_tools`): a registry, ``"module:attribute"``, an entry-point name, or ``"*"`` to opt in to
@@ -21,6 +26,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,6 +37,8 @@ import jsonschema
 from pydantic import BaseModel, create_model
 
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
+# a tool's pool name becomes part of task ids (``layer_0__<pool>``): the characters Airflow allows there
+POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 ALL_INSTALLED = "*"  # the explicit opt-in to every registry installed under ENTRY_POINT_GROUP
 
 
@@ -59,10 +67,23 @@ class Tool:
     poll: Callable[..., Any] | None = field(default=None, repr=False)  # asynchronous tools (tools.jobs)
     poll_interval: float = 5.0
     timeout: float | None = None
+    pool: str | None = None  # an Airflow pool: nodes calling this tool take slots from it
+    pool_slots: int = 1
     wants_ctx: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.wants_ctx = "ctx" in inspect.signature(self.func).parameters
+        if self.pool is not None and (not isinstance(self.pool, str) or not POOL_NAME.fullmatch(self.pool)):
+            raise ValueError(
+                f"tool {self.name!r}: pool {self.pool!r} must be 1 to 100 letters, digits, '_', '.' or '-' "
+                "(it names the node tasks that use it)"
+            )
+        if isinstance(self.pool_slots, bool) or not isinstance(self.pool_slots, int) or self.pool_slots < 1:
+            raise ValueError(
+                f"tool {self.name!r}: pool_slots must be an integer >= 1, got {self.pool_slots!r}"
+            )
+        if self.pool is None and self.pool_slots != 1:
+            raise ValueError(f"tool {self.name!r}: pool_slots needs a pool")
 
     @property
     def is_async(self) -> bool:
@@ -83,11 +104,13 @@ class Tool:
 
     def fingerprint(self) -> dict[str, Any]:
         """What the tool offers, as JSON-able data that is the same in every process."""
+        pooled = {"pool": self.pool, "pool_slots": self.pool_slots} if self.pool else {}
         return {
             **self.describe(),
             "async": self.is_async,
             "poll_interval": self.poll_interval,
             "timeout": self.timeout,
+            **pooled,
         }
 
 
@@ -155,8 +178,14 @@ class ToolRegistry(Mapping[str, Tool]):
         poll: Callable[..., Any] | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
+        pool: str | None = None,
+        pool_slots: int = 1,
     ) -> Any:
-        """Register ``func`` as a tool (usable bare or with arguments)."""
+        """Register ``func`` as a tool (usable bare or with arguments).
+
+        ``pool`` names an Airflow pool (create it with ``airflow pools set``): each node calling the tool
+        takes ``pool_slots`` of its slots while it runs, whichever plan run or worker it belongs to.
+        """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(
@@ -168,6 +197,8 @@ class ToolRegistry(Mapping[str, Tool]):
                     poll=poll,
                     poll_interval=poll_interval,
                     timeout=timeout,
+                    pool=pool,
+                    pool_slots=pool_slots,
                 )
             )
             return fn

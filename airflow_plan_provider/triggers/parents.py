@@ -1,9 +1,9 @@
-"""Wait on the triggerer until a node's parents (instances of the same mapped task) have finished."""
+"""Wait on the triggerer until a node's parents (instances of the run's node tasks) have finished."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -11,29 +11,41 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 
-def finished_states(task_states: dict[str, Any], run_id: str, task_id: str, map_indexes: list[int]) -> bool:
+def finished_states(task_states: dict[str, Any], run_id: str, parents: Mapping[str, list[int]]) -> bool:
+    """Whether every task instance named in ``parents`` (task id → map indexes) has finished."""
     states = task_states.get(run_id, {})
-    return all(states.get(f"{task_id}_{index}") in FINISHED for index in map_indexes)
+    return all(
+        states.get(f"{task_id}_{index}") in FINISHED
+        for task_id, indexes in parents.items()
+        for index in indexes
+    )
 
 
 class ParentsFinishedTrigger(BaseTrigger):
-    """Poll the states of ``node_task_id``'s mapped instances ``map_indexes`` in one run until all have
-    finished, then yield ``{"status": "ready"}``."""
+    """Poll the states of the mapped task instances ``parents`` (task id → map indexes) of one run until
+    all have finished, then yield ``{"status": "ready"}``.
+
+    ``node_task_id`` with ``map_indexes`` is the form triggers serialized before nodes ran in several
+    tasks (pool lanes); it is still read, so a trigger deferred by an earlier version resumes.
+    """
 
     def __init__(
         self,
         *,
         dag_id: str,
         run_id: str,
-        node_task_id: str,
-        map_indexes: list[int],
+        parents: Mapping[str, list[int]] | None = None,
+        node_task_id: str | None = None,
+        map_indexes: list[int] | None = None,
         poll_interval: float = 1.0,
     ) -> None:
         super().__init__()
         self.dag_id = dag_id
         self.run_id = run_id
-        self.node_task_id = node_task_id
-        self.map_indexes = list(map_indexes)
+        merged = {task_id: list(indexes) for task_id, indexes in (parents or {}).items()}
+        if node_task_id is not None:
+            merged.setdefault(node_task_id, []).extend(map_indexes or [])
+        self.parents = merged
         self.poll_interval = poll_interval
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -42,8 +54,7 @@ class ParentsFinishedTrigger(BaseTrigger):
             {
                 "dag_id": self.dag_id,
                 "run_id": self.run_id,
-                "node_task_id": self.node_task_id,
-                "map_indexes": self.map_indexes,
+                "parents": self.parents,
                 "poll_interval": self.poll_interval,
             },
         )
@@ -54,9 +65,9 @@ class ParentsFinishedTrigger(BaseTrigger):
 
         while True:
             states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-                dag_id=self.dag_id, task_ids=[self.node_task_id], run_ids=[self.run_id]
+                dag_id=self.dag_id, task_ids=sorted(self.parents), run_ids=[self.run_id]
             )
-            if finished_states(states, self.run_id, self.node_task_id, self.map_indexes):
+            if finished_states(states, self.run_id, self.parents):
                 yield TriggerEvent({"status": "ready"})
                 return
             await asyncio.sleep(self.poll_interval)

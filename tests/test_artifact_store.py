@@ -1,0 +1,142 @@
+"""Where the artifact store is (``PLAN_ARTIFACT_STORE``), and the warning when workers may not share it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider import artifacts
+
+CELERY_WARNING = "the plan artifact store is the local folder"
+
+
+@pytest.fixture
+def no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(artifacts.STORE_ENV, raising=False)
+
+
+def test_plan_artifact_store_names_the_default_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_store_env: None
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+    assert artifacts.default_store_url() == f"file://{home}/plan_artifacts"
+
+    shared = tmp_path / "shared"
+    monkeypatch.setenv(artifacts.STORE_ENV, f"file://{shared}")
+    assert artifacts.default_store_url() == f"file://{shared}"
+    # large outputs and checkpoints written with no store named land in the configured one
+    ref = artifacts.store({"rows": "x" * 100}, key="dag/run/n/1", threshold=10)
+    assert ref is not None and ref["uri"].startswith(f"file://{shared}/outputs/")
+    artifacts.save_checkpoint("dag/run/n/1", {"output": 1})
+    assert artifacts.load(ref, key="dag/run/n/1") == {"rows": "x" * 100}
+    assert artifacts.load_checkpoint("dag/run/n/1") == {"output": 1}
+    assert sorted(p.parent.name for p in shared.rglob("*.json")) == [
+        "checkpoints",
+        artifacts.key_name("dag/run/n/1"),
+    ]
+    assert not (home / "plan_artifacts").exists()
+    # a DAG's own artifact_store still wins
+    assert artifacts.checkpoint_uri("k", "s3://bucket/plans").startswith("s3://bucket/plans/checkpoints/")
+
+    monkeypatch.setenv(artifacts.STORE_ENV, "  ")  # blank: as if unset
+    assert artifacts.default_store_url() == f"file://{home}/plan_artifacts"
+
+
+@pytest.mark.parametrize(
+    ("executor", "distributed"),
+    [
+        ("LocalExecutor", []),
+        ("SequentialExecutor", []),
+        ("airflow.executors.local_executor.LocalExecutor", []),
+        ("CeleryExecutor", ["CeleryExecutor"]),
+        ("KubernetesExecutor", ["KubernetesExecutor"]),
+        ("LocalExecutor, CeleryExecutor", ["CeleryExecutor"]),
+        ("my_exec:my_company.executors.EdgeExecutor", ["my_exec:my_company.executors.EdgeExecutor"]),
+        ("local:airflow.executors.local_executor.LocalExecutor", []),
+        ("", []),
+    ],
+)
+def test_distributed_executors_are_every_executor_but_local_and_sequential(
+    executor: str, distributed: list[str]
+) -> None:
+    assert artifacts.distributed_executors(executor) == distributed
+
+
+def test_a_distributed_executor_with_the_default_local_store_is_warned_about(no_store_env: None) -> None:
+    warning = artifacts.local_store_warning(None, "CeleryExecutor")
+    assert warning is not None
+    assert warning.startswith(f"{CELERY_WARNING} {artifacts.default_store_url()}")
+    assert "CeleryExecutor may run tasks on other machines" in warning
+    assert "set PLAN_ARTIFACT_STORE" in warning
+    assert artifacts.local_store_warning(None, "KubernetesExecutor") is not None
+    # one machine: nothing to share
+    assert artifacts.local_store_warning(None, "LocalExecutor") is None
+    # a store chosen for the deployment (a shared volume, an object store) is not second-guessed
+    assert artifacts.local_store_warning("s3://bucket/plans", "CeleryExecutor") is None
+    assert artifacts.local_store_warning("file:///mnt/shared/plans", "CeleryExecutor") is None
+
+
+def test_the_store_warning_reads_core_executor_and_honours_plan_artifact_store(
+    monkeypatch: pytest.MonkeyPatch, no_store_env: None
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    assert artifacts.local_store_warning() is not None
+    monkeypatch.setenv(artifacts.STORE_ENV, "file:///opt/airflow/plan_artifacts")  # docker-compose.yml
+    assert artifacts.local_store_warning() is None
+    monkeypatch.delenv(artifacts.STORE_ENV)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    assert artifacts.local_store_warning() is None
+
+
+def _build(dag_id: str, tmp_path: Path, **options: Any) -> Any:
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+    tools = scripted_registry(ScriptedTool("echo", log=CallLog(tmp_path / "calls"), returns="ok"))
+    plan = {"goal": "g", "nodes": [{"id": "1", "action": "echo", "tool": "echo"}]}
+    return build_plan_dag(dag_id, planner=ScriptedPlanner(plan), tools=tools, replan=False, **options)
+
+
+def test_building_a_dag_warns_once_per_process_on_a_distributed_executor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_store_env: None
+) -> None:
+    from airflow_plan_provider import dag_factory
+
+    monkeypatch.setattr(dag_factory, "_checked_stores", set())  # a fresh process
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    with caplog.at_level(logging.WARNING, logger=dag_factory.__name__):
+        _build("store_warning_1", tmp_path)
+        _build("store_warning_2", tmp_path)
+        _build("store_warning_3", tmp_path, artifact_store="s3://bucket/plans")
+    warnings = [r.getMessage() for r in caplog.records if r.name == dag_factory.__name__]
+    assert len(warnings) == 1 and warnings[0].startswith(CELERY_WARNING), warnings
+
+    caplog.clear()
+    monkeypatch.setattr(dag_factory, "_checked_stores", set())
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    with caplog.at_level(logging.WARNING, logger=dag_factory.__name__):
+        _build("store_warning_4", tmp_path)
+    assert not [r for r in caplog.records if r.name == dag_factory.__name__]
+
+
+@pytest.mark.airflow
+def test_the_planning_task_log_warns_on_a_distributed_executor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_store_env: None
+) -> None:
+    from tests.airflow_support import run_dag, xcom
+
+    dag = _build("store_warning_task", tmp_path)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    capsys.readouterr()
+    run = run_dag(dag)
+    assert str(run.state) == "success"
+    assert xcom(run, "finalize")["outputs"] == {"1": "ok"}
+    # the task log (printed by dag.test): one warning line, from the planning task
+    lines = [line for line in capsys.readouterr().out.splitlines() if CELERY_WARNING in line]
+    assert len(lines) == 1, lines
+    assert "[warning" in lines[0] and "operators.planning.PlanOperator" in lines[0]
+    assert "CeleryExecutor may run tasks on other machines" in lines[0]
