@@ -388,3 +388,22 @@ def test_a_pool_the_dag_has_no_lane_for_fails_planning_naming_node_tool_and_pool
     assert "node d: tool 'heavy' declares pool 'rate_limited_api' (2 slot(s))" in result["message"]
     assert "this DAG has no node tasks for it" in result["message"]
     assert node_tis(run) == {}
+
+
+def test_the_plan_view_finds_pooled_nodes_in_their_lane_tasks() -> None:
+    from airflow_plan_provider.plugins.data import RunData, plan_view
+
+    plan_ = validate_plan(MIXED_PLAN)
+    state = SessionState(goal="mixed lanes", root_run_id="r", run_ids=["r"], lanes=session(plan_).lanes)
+    run = RunData(run_id="r", state="running")
+    run.xcoms[("plan", -1, "plan")] = plan_.model_dump(mode="json", by_alias=True, exclude_none=True)
+    run.xcoms[("plan", -1, "session")] = state.model_dump(mode="json")
+    for task_id, nodes in EXPECTED_TASKS.items():
+        for index, node in enumerate(nodes):
+            run.tis[(task_id, index)] = {"state": f"state of {node}", "try_number": 1}
+    shown = {node["id"]: node for node in plan_view("d", "r", [run])["runs"][0]["nodes"]}
+    assert {n: (v["task_id"], v["map_index"], v["state"]) for n, v in shown.items()} == {
+        node: (task_id, index, f"state of {node}")
+        for task_id, nodes in EXPECTED_TASKS.items()
+        for index, node in enumerate(nodes)
+    }

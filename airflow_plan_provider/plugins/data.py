@@ -39,6 +39,7 @@ from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
+from airflow_plan_provider.plan.session import SessionState
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (
@@ -259,11 +260,15 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         if record.get("status") == "success" and record.get("artifact") is None
     }
     marks = _diff_marks(diff)
-    eager = bool(session.get("eager"))
+    lanes = session.get("lanes")
+    layout = SessionState(  # where the run's nodes are: eager or layered, and each pooled node's lane
+        eager=bool(session.get("eager")),
+        lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
+    )
     for layer_index, layer in enumerate(plan.layers):
         for node_id in layer:
             node = plan.node(node_id)
-            task_id, map_index = node_location(plan, node_id, eager)
+            task_id, map_index = node_location(plan, layout, node_id)
             view["nodes"].append(
                 _node_view(
                     node.model_dump(mode="json", exclude_none=True),
