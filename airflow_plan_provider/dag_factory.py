@@ -182,8 +182,9 @@ def build_plan_dag(
     mapping of tools), ``"module:attribute"`` naming one, or the name of a registry installed under the
     ``airflow_plan_provider.tools`` entry-point group. ``tools="*"`` is the explicit opt-in to every
     installed registry. ``None`` raises ``ValueError``: installed registries are never offered to a
-    planner unless the DAG asks for them. A spec string is loaded in the worker; a registry is carried
-    by the tasks and serialized as its tool names and catalog digest (the same on every parse).
+    planner unless the DAG asks for them. A spec string is loaded when the DAG is built (its pooled
+    tools decide the node tasks) and again in the worker; a registry is carried by the tasks and
+    serialized as its tool names and catalog digest (the same on every parse).
     ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
     ``max_active_nodes`` caps the nodes running at once in one run (in each lane, see below); ``pool``
     shares a cap across runs.
