@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from airflow_plan_provider.testing import CallLog, scripted_registry
+from airflow_plan_provider.testing.seed import seed_replan_story
 from tests.airflow_support import run_chain, xcom
 
 pytestmark = pytest.mark.airflow
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.airflow
 def build(dag_id: str, log: CallLog):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
-    planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())])
+    planner, tools = seed_replan_story(log)
     return build_plan_dag(
         dag_id,
         planner=planner,

@@ -13,8 +13,8 @@ from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.plugins.data import RunData, plan_view, session_chain
-from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from airflow_plan_provider.testing import CallLog, scripted_registry
+from airflow_plan_provider.testing.seed import seed_replan_story
 from tests.airflow_support import run_chain, task_states
 
 SEED_DAG = "view_seed_replan"
@@ -23,8 +23,7 @@ SEED_DAG = "view_seed_replan"
 def seed_dag(dag_id: str, log: CallLog):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
-    planner = ScriptedPlanner(seed_plan(optional_4_to_5=True), on_error=[("no deploys", seed_revision())])
+    planner, tools = seed_replan_story(log, optional_4_to_5=True)
     return build_plan_dag(
         dag_id,
         planner=planner,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
 from tests.airflow_support import run_chain, run_dag, task_states, xcom
 
 pytestmark = pytest.mark.airflow
@@ -30,8 +30,7 @@ def build(dag_id: str, planner: Any, tools: list[Any], **options: Any) -> Any:
 
 def test_a_run_that_replanned_reports_the_request_not_a_failure(tmp_path):
     log = CallLog(tmp_path)
-    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
-    planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())])
+    planner, tools = seed_replan_story(log)
     runs = run_chain(build("pages_replanned", planner, tools), {"goal": GOAL})
     root, child = runs
 
@@ -118,8 +117,7 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
 
 def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
     log = CallLog(tmp_path)
-    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
-    planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", seed_revision())])
+    planner, tools = seed_replan_story(log)
     run_chain(build("pages_skip_reuse", planner, tools), {"goal": GOAL})
     text = capfd.readouterr()
     logs = text.out + text.err
@@ -149,7 +147,10 @@ def test_plan_llm_connection_form_through_the_hook_meta_endpoint():
     meta = next(m for m in hook_meta_data() if m.connection_type == "plan_llm").model_dump(mode="json")
     assert meta["hook_name"] == "Plan LLM (OpenAI-compatible)"
     fields = meta["standard_fields"]
-    assert (fields["host"]["title"], fields["host"]["placeholder"]) == ("Base URL", "https://api.openai.com/v1")
+    assert (fields["host"]["title"], fields["host"]["placeholder"]) == (
+        "Base URL",
+        "https://api.openai.com/v1",
+    )
     assert (fields["password"]["title"], fields["password"]["hidden"]) == ("API key", False)
     assert fields["login"]["hidden"] is True
     model = meta["extra_fields"]["model"]

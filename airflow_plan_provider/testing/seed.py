@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_plan_provider.testing.scripted import CallLog, ScriptedTool
+from airflow_plan_provider.testing.scripted import CallLog, ScriptedPlanner, ScriptedTool
 
 SEED_GOAL = "find why the payment API got slow yesterday"
 
@@ -66,3 +66,13 @@ def seed_tools(log: CallLog, **overrides: dict[str, Any]) -> list[ScriptedTool]:
     for name, change in overrides.items():
         spec[name] = {**spec[name], **change}
     return [ScriptedTool(name, log=log, **kwargs) for name, kwargs in spec.items()]
+
+
+def seed_replan_story(
+    log: CallLog, *, optional_4_to_5: bool = False
+) -> tuple[ScriptedPlanner, list[ScriptedTool]]:
+    """The seed story with one replan: node 3 finds no deploys and asks for a replan, and the planner
+    answers with :func:`seed_revision` (node 5 revised). Returns the planner and the scripted tools."""
+    tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
+    planner = ScriptedPlanner(seed_plan(optional_4_to_5), on_error=[("no deploys", seed_revision())])
+    return planner, tools

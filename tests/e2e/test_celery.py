@@ -8,9 +8,7 @@ PostgreSQL (127.0.0.1:5432, trust auth for ``postgres``) and Redis (127.0.0.1:63
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from airflow_plan_provider.testing.cluster import AirflowCluster, pid_alive
 from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
+from tests.e2e.conftest import require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -31,17 +30,9 @@ WORKERS = ("worker-a", "worker-b")
 BROKER = "redis://127.0.0.1:6379/5"
 
 
-def _reachable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, PostgresDatabase]]:
-    down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
-    if down and not os.environ.get("CI"):
-        pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
+    require_postgres_and_redis()
     base = tmp_path_factory.mktemp("celery")
     dags = base / "dags"
     dags.mkdir()

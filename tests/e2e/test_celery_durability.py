@@ -14,9 +14,7 @@ PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) must be running; ``.ci/ru
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,6 +29,7 @@ from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.sessions import session_result
+from tests.e2e.conftest import require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -50,17 +49,9 @@ LOST_TASK_SETTINGS = {
 TARGETS = {"plan": ("plan", -1), "node": ("layer_0", 0), "finalize": ("finalize", -1)}
 
 
-def _reachable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, CallLog]]:
-    down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
-    if down and not os.environ.get("CI"):
-        pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
+    require_postgres_and_redis()
     base = tmp_path_factory.mktemp("lost-worker")
     dags = base / "dags"
     dags.mkdir()

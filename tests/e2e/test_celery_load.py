@@ -15,10 +15,8 @@ Outside CI the module is skipped when either is down.
 from __future__ import annotations
 
 import importlib.util
-import os
 import secrets
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ import pytest
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
+from tests.e2e.conftest import require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -54,12 +53,6 @@ def _dags_module() -> Any:
 dags = _dags_module()
 
 
-def _reachable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 class Cluster:
     def __init__(self, cluster: AirflowCluster, gauge: Any, keys: dict[str, str], store: Path) -> None:
         self.cluster = cluster
@@ -70,9 +63,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    down = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379)) if not _reachable(port)]
-    if down and not os.environ.get("CI"):
-        pytest.skip(f"{' and '.join(down)} not running on 127.0.0.1 (.ci/run starts them)")
+    require_postgres_and_redis()
     import redis
 
     base = tmp_path_factory.mktemp("celery-load")
