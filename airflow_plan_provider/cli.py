@@ -1,9 +1,18 @@
-"""``airflow-plan``: check plans from the command line, without Airflow.
+"""``airflow-plan``: check plans and freeze sessions from the command line, without Airflow.
 
 ::
 
     airflow-plan validate PLAN.json [--tools module:attr|entry-point-name] [--max-nodes N] [--max-depth N]
                                     [--max-bytes N]
+    airflow-plan freeze (PLAN.json | --api URL --source-dag DAG --source-run RUN [--token T | --user U])
+                        --tools module:attr --dag-id ID --schedule SCHEDULE [--start-date YYYY-MM-DD]
+                        [--param [NODE.]NAME=VALUE ...] [--approval risky|always|never] [-o FILE]
+
+``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
+call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or
+``$AIRFLOW_PLAN_API_TOKEN``; or a user (``--user`` or ``$AIRFLOW_PLAN_API_USER``) logs in with
+``$AIRFLOW_PLAN_API_PASSWORD``. Exit status 0 when written; 1 when the session or plan cannot be frozen
+(not completed, invalid, a secret in its params; the reason on stderr); 2 for usage errors.
 
 Exit status: 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per problem on
 stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an unreadable
@@ -18,12 +27,26 @@ as the four characters ``\\x1b``): plan keys, ids and messages are untrusted tex
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
-from typing import BinaryIO
+from datetime import UTC, date, datetime
+from typing import Any, BinaryIO
 
-from airflow_plan_provider.exceptions import PlanValidationError
+from airflow_plan_provider.exceptions import FreezeError, PlanValidationError
+from airflow_plan_provider.freeze import (
+    FrozenSource,
+    ParamTemplate,
+    SessionApi,
+    apply_templates,
+    render_dag_file,
+    source_from_plan,
+)
+from airflow_plan_provider.plan.approval import APPROVAL_MODES
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
@@ -88,7 +111,143 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BYTES,
         help="read at most this many bytes of PLAN; default: %(default)s (16 MiB)",
     )
+    _add_freeze(commands)
     return parser
+
+
+TOKEN_ENV = "AIRFLOW_PLAN_API_TOKEN"
+USER_ENV = "AIRFLOW_PLAN_API_USER"
+PASSWORD_ENV = "AIRFLOW_PLAN_API_PASSWORD"
+
+
+def _add_freeze(commands: Any) -> None:
+    freeze = commands.add_parser(
+        "freeze",
+        help="write a DAG file that runs a finished session's plan on a schedule",
+        description="Write a readable DAG file that runs a completed session's final plan (read through "
+        "Airflow's REST API, or from a plan file) on a schedule, with no planner call.",
+    )
+    freeze.add_argument("plan", nargs="?", metavar="PLAN", help="plan JSON file (or -); or use --api")
+    freeze.add_argument("--api", metavar="URL", help="Airflow's base URL, e.g. http://localhost:8080")
+    freeze.add_argument("--source-dag", metavar="DAG_ID", help="the session's DAG (with --api)")
+    freeze.add_argument("--source-run", metavar="RUN_ID", help="a run of the session (with --api)")
+    freeze.add_argument("--token", help=f"API bearer token; default: ${TOKEN_ENV}")
+    freeze.add_argument("--user", help=f"API user (password from ${PASSWORD_ENV}); default: ${USER_ENV}")
+    freeze.add_argument("--tools", required=True, metavar="SPEC", help="the tools, as module:attribute")
+    freeze.add_argument("--dag-id", required=True, help="the new DAG's id")
+    freeze.add_argument("--schedule", required=True, help="a cron expression or preset such as @daily")
+    freeze.add_argument(
+        "--start-date", type=_iso_date, default=None, metavar="YYYY-MM-DD", help="default: today (UTC)"
+    )
+    freeze.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="[NODE.]NAME=VALUE",
+        help="replace a param (of NODE, else of every node that has it), e.g. day='{{ ds }}'; repeatable",
+    )
+    freeze.add_argument("--approval", choices=APPROVAL_MODES, help="approval mode of the new DAG")
+    freeze.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    freeze.add_argument(
+        "--max-bytes", type=_positive_int, default=DEFAULT_MAX_BYTES, help="of PLAN; default: %(default)s"
+    )
+
+
+def _iso_date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _freeze_source(args: argparse.Namespace) -> FrozenSource | int:
+    if args.api:
+        if args.plan or not (args.source_dag and args.source_run):
+            return _fail("freeze: give PLAN, or --api with --source-dag and --source-run")
+        api = SessionApi(
+            args.api,
+            token=args.token or os.environ.get(TOKEN_ENV) or None,
+            user=args.user or os.environ.get(USER_ENV) or None,
+            password=os.environ.get(PASSWORD_ENV),
+        )
+        return api.session(args.source_dag, args.source_run)
+    if not args.plan:
+        return _fail("freeze: give PLAN, or --api with --source-dag and --source-run")
+    name = "stdin" if args.plan == "-" else os.path.basename(args.plan)
+    try:
+        raw = _read_plan(args.plan, args.max_bytes)
+    except _TooLarge:
+        return _fail(f"{name} is larger than --max-bytes ({args.max_bytes} bytes)")
+    except OSError as error:
+        return _fail(f"cannot read {name}: {error.strerror or error}")
+    return source_from_plan(raw, name)
+
+
+def _freeze(args: argparse.Namespace) -> int:
+    try:
+        tools = load_tools(args.tools)
+    except (Exception, SystemExit) as error:  # a tool module may raise anything: one line
+        detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
+        return _fail(f"cannot load tools {args.tools!r}: {detail}")
+    try:
+        templates = [ParamTemplate.parse(text) for text in args.param]
+        source = _freeze_source(args)
+        if isinstance(source, int):
+            return source
+        frozen = apply_templates(source.plan, templates)
+        plan = validate_plan(frozen, tools)
+        text = render_dag_file(
+            source,
+            dag_id=args.dag_id,
+            tools=args.tools,
+            schedule=args.schedule,
+            start_date=args.start_date or datetime.now(UTC).date(),
+            templates=templates,
+            approval=args.approval,
+            import_tools=_is_registry_attribute(args.tools),
+            max_layers=len(plan.layers),
+        )
+    except PlanValidationError as error:
+        _say("airflow-plan: the frozen plan is invalid:")
+        for problem in error.problems:
+            _say(str(problem))
+        return EXIT_INVALID
+    except FreezeError as error:
+        _say(f"airflow-plan: cannot freeze: {error}")
+        return EXIT_INVALID
+    if not args.output:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        _write_atomically(args.output, text)
+    except OSError as error:
+        return _fail(f"cannot write {args.output}: {error.strerror or error}")
+    _say(f"airflow-plan: wrote DAG {args.dag_id} to {args.output}")
+    return EXIT_OK
+
+
+def _is_registry_attribute(spec: str) -> bool:
+    """Whether ``spec`` is ``module:attribute`` naming a registry itself (then the DAG file imports it)."""
+    module, _, attribute = spec.partition(":")
+    if not attribute:
+        return False
+    try:
+        return isinstance(getattr(importlib.import_module(module), attribute, None), ToolRegistry)
+    except (Exception, SystemExit):
+        return False
+
+
+def _write_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".freeze.", suffix=".py.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _say(message: str) -> None:
@@ -161,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "validate":
         return _validate(args)
+    if args.command == "freeze":
+        return _freeze(args)
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
 
 

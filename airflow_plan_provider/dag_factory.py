@@ -18,12 +18,16 @@ Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whos
 ``layer_k``, a task ``layer_k__<pool>`` built with that pool, mapping over its own ``select_layer_k__<pool>``
 task (``nodes__<pool>`` and ``select_nodes__<pool>`` in eager mode). A registry without pooled tools
 builds exactly the tasks above.
+
+Approval: with a tool marked ``needs_approval`` (or ``approval="always"``), an ``approve`` task between
+``plan`` and the first node tasks waits for a human when the plan needs it, and skips itself when it
+does not.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +36,7 @@ from airflow.sdk import DAG, Param, TriggerRule
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.operators._xcom import (
+    APPROVE_TASK,
     EAGER_TASK,
     FINALIZE_TASK,
     PLAN_TASK,
@@ -41,11 +46,13 @@ from airflow_plan_provider.operators._xcom import (
     layer_task_id,
     select_task_id,
 )
+from airflow_plan_provider.operators.approval import Approver, PlanApprovalOperator
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import NODE_LABEL, LayerSelectOperator, PlanNodeOperator
 from airflow_plan_provider.operators.planning import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.retry import ToolRetryPolicy
+from airflow_plan_provider.plan.approval import APPROVAL_MODES, ApprovalMode
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
@@ -171,6 +178,10 @@ def build_plan_dag(
     checkpoints: bool = True,
     eager: bool = False,
     control_retries: ControlRetries | None = None,
+    approval: ApprovalMode = "risky",
+    approval_timeout: timedelta | None = timedelta(days=1),
+    approvers: Sequence[Approver] | str | None = None,
+    plan: Mapping[str, Any] | None = None,
     goal: str = "",
     schedule: Any = None,
     params: Mapping[str, Any] | None = None,
@@ -199,9 +210,25 @@ def build_plan_dag(
     Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
     a folder under AIRFLOW_HOME) and XCom carries a reference. ``control_retries`` (default
     ``ControlRetries()``: 3 retries, 5 s apart) is how every task other than the nodes retries.
+
+    ``approval`` inserts a human approval task ``approve`` between ``plan`` and the first node tasks:
+    ``"risky"`` (default) when a tool has ``needs_approval`` (it asks when the plan would run such a
+    node), ``"always"`` (it asks for every plan), ``"never"`` (no task). A revision whose nodes were all
+    approved earlier in the session does not ask again. ``approvers`` (user ids) may answer; no answer
+    within ``approval_timeout`` is a rejection, and a rejection ends the session failed with reason
+    ``rejected`` before any node runs.
+    ``plan`` bakes a ready plan into the DAG (as ``airflow-plan freeze`` writes): each run runs it
+    without calling a planner and never replans it, its strings rendered as Jinja templates with the
+    run's context (say ``"{{ ds }}"``), unless the run's conf gives a plan of its own.
     """
     tools = _tools_spec(tools)
-    lanes = dag_lanes(load_tools(tools).values())  # the pooled tools decide the node tasks
+    catalog = load_tools(tools)
+    lanes = dag_lanes(catalog.values())  # the pooled tools decide the node tasks
+    if approval not in APPROVAL_MODES:
+        raise ValueError(f"approval must be one of {APPROVAL_MODES}, not {approval!r}")
+    asks_approval = approval == "always" or (
+        approval == "risky" and any(tool.needs_approval for tool in catalog.values())
+    )
     _check_store(artifact_store)
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
@@ -231,7 +258,7 @@ def build_plan_dag(
     for lane, tool in lanes.items():
         lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
-        plan = PlanOperator(
+        planning = PlanOperator(
             task_id=PLAN_TASK,
             eager=eager,
             planner=planner,
@@ -240,33 +267,53 @@ def build_plan_dag(
             limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
             lanes=list(lanes),
             artifact_store=artifact_store,
+            ready_plan=plan,
             **control,
         )
+        approve = None
+        if asks_approval:
+            approve = PlanApprovalOperator(
+                task_id=APPROVE_TASK,
+                mode=approval,
+                tools=tools,
+                approvers=approvers,
+                response_timeout=approval_timeout,
+                **control,
+            )
+            planning >> approve
+        # the first node tasks run after a skipped approval (none needed), never after a failed one
+        first_rule = TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if approve else TriggerRule.ALL_SUCCESS
 
         def node_task(base: str, lane: str | None, first: bool, after: list[Any]) -> Any:
             """The mapped task of ``lane`` of node task ``base``; the default lane of the first node task
             maps over the planning task's return value, every other over a select task of its own."""
             task_id = lane_task_id(base, lane)
             if first and lane is None:
-                source = plan.output
+                source = planning.output
             else:
                 # runs beside the node task before (after the one before that), off the critical path
                 select = LayerSelectOperator(
                     task_id=select_task_id(task_id),
                     node_task=task_id,
                     trigger_rule=TriggerRule.ALL_DONE,
+                    approval_task_id=APPROVE_TASK if approve else None,
                     **control,
                 )
-                plan >> select
+                planning >> select
                 after >> select
+                if approve is not None and not after:  # a select that would start before the answer
+                    approve >> select
                 source = select.output
-            return PlanNodeOperator.partial(
+            task = PlanNodeOperator.partial(
                 task_id=task_id,
-                trigger_rule=TriggerRule.ALL_SUCCESS if first else TriggerRule.ALL_DONE,
+                trigger_rule=first_rule if first else TriggerRule.ALL_DONE,
                 **lane_kwargs[lane],
             ).expand(plan_node=source)
+            if first and approve is not None:
+                approve >> task
+            return task
 
-        previous: list[Any] = [plan]
+        previous: list[Any] = [planning]
         layers: list[list[Any]] = []
         for index in range(1 if eager else max_layers):
             base = EAGER_TASK if eager else layer_task_id(index)
@@ -282,7 +329,7 @@ def build_plan_dag(
             replan_task_id=REPLAN_TASK if replan else None,
             **control,
         )
-        [plan, *previous] >> finalize
+        [planning, *previous] >> finalize
         if replan:
             finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id, **control)
     return dag

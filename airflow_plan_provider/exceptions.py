@@ -6,6 +6,7 @@
     ├── PlanValidationError      a plan broke one or more rules; ``.problems`` lists each one
     ├── PlanningError            a planner produced no usable plan (``.problems`` from the last attempt)
     ├── BudgetExceeded           max_steps or max_replans is spent
+    ├── FreezeError              a session or plan cannot be frozen into a DAG file (why, in its text)
     └── ToolError                raised by tools, read by the node runner
         ├── TransientToolError   worth retrying (timeouts, 5xx, rate limits)
         ├── PermanentToolError   retrying cannot help (bad credentials, missing resource)
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 
 class PlanProviderError(Exception):
     """Base class of every error raised by airflow-plan-provider."""
+
+
+class FreezeError(PlanProviderError):
+    """A session or plan cannot be frozen into a DAG file: the message names the source and the fault."""
 
 
 class PlanValidationError(PlanProviderError):

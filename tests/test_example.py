@@ -375,7 +375,7 @@ def test_scenario_replans_and_reports_fraud_check() -> None:
     assert outputs["3"] == []
     assert outputs["5"]["top"]["dependency"] == "fraud-check"
     report = Path(outputs["6"]["path"])
-    assert report.name == "walk_6_r1.md"
+    assert report.name == f"{outputs['1']['day']}_walk_6_r1.md"  # the day it covers, then the call's key
     text = report.read_text()
     assert "fraud-check" in text and "upstream timeout calling fraud-check" in text
     assert "Missing inputs" not in text and missing["6"] == ()

@@ -280,15 +280,17 @@ def report_dir() -> Path:
 
 @registry.tool(description="Write the Markdown report of a finding; returns its path, title and summary.")
 def write_report(goal: str, finding: dict, metrics: dict, errors: Any = None, *, ctx: ToolContext) -> dict:
-    """Render the report and write it to a file named after the call's idempotency key, so every try
-    of the same node writes the same file."""
+    """Render the report and write it to a file named after the day it covers and the call's
+    idempotency key (``<day>_<key>.md``): one file per day, and every try of the same node writes the
+    same file."""
     if isinstance(errors, MissingInput):
         errors = None
     title, text = render_report(goal, finding, metrics, errors, ctx)
     directory = report_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    day = re.sub(r"[^0-9-]+", "", str(finding.get("day") or metrics.get("day") or ""))[:10] or "undated"
     safe_key = re.sub(r"[^A-Za-z0-9_.-]+", "_", ctx.idempotency_key).strip("._")[:120] or "report"
-    path = directory / f"{safe_key}.md"
+    path = directory / f"{day}_{safe_key}.md"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

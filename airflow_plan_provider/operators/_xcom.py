@@ -29,6 +29,8 @@ RESULT_KEY = "return_value"
 REPLAN_CONF_KEY = "replan_conf"
 EAGER_TASK = "nodes"
 LANE_SEPARATOR = "__"
+APPROVE_TASK = "approve"
+APPROVAL_KEY = "approval"
 
 
 def layer_task_id(index: int, lane: str | None = None) -> str:
@@ -136,3 +138,9 @@ def pull_layer_records(ti: Any, plan: ValidatedPlan, state: SessionState) -> dic
             if isinstance(value, dict) and "node_id" in value:
                 records[value["node_id"]] = value
     return records
+
+
+def approval_lets_nodes_run(record: Any) -> bool:
+    """Whether the approval task's record (XCom ``approval``) lets the run's nodes run: approval was
+    granted or not needed. No record (the task never answered) or anything else does not."""
+    return isinstance(record, dict) and record.get("status") in ("granted", "not_needed")

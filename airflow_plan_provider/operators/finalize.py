@@ -19,6 +19,7 @@ from airflow_plan_provider.operators._xcom import (
     pull_plan,
     pull_session,
 )
+from airflow_plan_provider.operators.approval import record_approval_outcome
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
@@ -98,6 +99,12 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             reason: Any = error.get("reason", "no_plan")
             reason = "replan_failed" if state.revision > 0 and reason == "invalid_plan" else reason
             self._fail(ti, state, len(state.events), reason, error.get("message", "planning did not finish"))
+
+        before = len(state.events)
+        approval = record_approval_outcome(ti, state)
+        if approval is not None and approval.status == "rejected":  # no node ran
+            self._fail(ti, state, before, "rejected", f"the plan was not approved: {approval.message}")
+        self._publish(state, before)  # the answer, as an event (the approve task logged it as text)
 
         records, outputs = collect_records(ti, plan, state)
         executed = [r for r in records.values() if not r.reused and r.status != "skipped"]

@@ -85,6 +85,10 @@ class PlanOperator(BaseOperator):
     :param lanes: the pool lanes this DAG has node tasks for; a node whose tool declares a pool runs in
         its lane (recorded in the session), and a pool with no lane here fails planning.
     :param artifact_store: the DAG's artifact store, checked to be shared by every worker (a warning).
+    :param ready_plan: a plan baked into the DAG (a frozen plan): run as is when the conf gives no plan,
+        after rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``). Only
+        this plan, written by the DAG's author, is rendered: a plan from the conf or a planner is
+        untrusted text and never is.
     """
 
     ui_color = "#d9e8fb"
@@ -100,11 +104,13 @@ class PlanOperator(BaseOperator):
         eager: bool = False,
         lanes: Sequence[str] = (),
         artifact_store: str | None = None,
+        ready_plan: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.lanes = list(lanes)
         self.artifact_store = artifact_store
+        self.ready_plan = dict(ready_plan) if ready_plan is not None else None
         if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
             raise ValueError(f"repair_attempts must be an integer >= 0, got {repair_attempts!r}")
         self.eager = eager
@@ -134,9 +140,18 @@ class PlanOperator(BaseOperator):
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
         tools = load_tools(self.tools)
+        dag_plan = None
+        if self.ready_plan is not None and not params.get("plan") and state.current_plan is None:
+            try:
+                dag_plan = self.render_template(self.ready_plan, context)
+            except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan
+                message = f"cannot render the DAG's plan: {type(error).__name__}: {error}"
+                self._fail(ti, state, PlanningError(message, reason="invalid_plan"), since)
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
-                plan = self._plan(state, params, planner_conf, tools, context.get("task_state_store"))
+                plan = self._plan(
+                    state, params, planner_conf, tools, context.get("task_state_store"), dag_plan
+                )
             state.lanes = self._lanes(plan, tools)
         except PlanningError as error:
             self._fail(ti, state, error, since)
@@ -233,12 +248,16 @@ class PlanOperator(BaseOperator):
         planner_conf: Mapping[str, Any],
         tools: ToolRegistry,
         store: Any = None,
+        dag_plan: Any = None,
     ) -> ValidatedPlan:
         limits = self.limits
         if state.current_plan is None:
             if params.get("plan"):
                 state.plan_source = "conf"
                 outcome = _ready_plan(params["plan"], tools, limits)
+            elif dag_plan is not None:  # the DAG's own plan (frozen), rendered for this run
+                state.plan_source = "dag"
+                outcome = _ready_plan(dag_plan, tools, limits)
             else:
                 if self.planner is None:
                     raise PlanningError("no planner configured and no plan given in the run's conf")
@@ -380,8 +399,8 @@ class PlanOperator(BaseOperator):
 
 
 def _ready_plan(raw: Any, tools: ToolRegistry, limits: Limits) -> PlanningOutcome:
-    """A ready plan from the run's conf, validated as given: nobody can repair it, so its problems are
-    reported at once (raises :class:`PlanningError`, reason ``invalid_plan``)."""
+    """A ready plan (from the run's conf, or the DAG's own), validated as given: nobody can repair it, so
+    its problems are reported at once (raises :class:`PlanningError`, reason ``invalid_plan``)."""
     try:
         return PlanningOutcome(validate_plan(raw, tools, limits), attempts=1, usage=[], rejected=[])
     except PlanValidationError as error:

@@ -12,8 +12,9 @@ Types (:data:`EVENT_TYPES`): the planning task records ``planner.usage`` (one pe
 records ``node.started`` then one of ``node.succeeded`` / ``node.failed`` / ``node.skipped`` /
 ``node.reused`` (``node.polling`` while an asynchronous job runs, ``node.retrying`` when a try failed
 and Airflow retries it); finalize records ``replan.requested``, ``budget.exhausted`` and
-``session.finished``. A retried node's earlier tries are in its task log only: the SessionResult keeps
-the events of the try that counted.
+``session.finished``, and the answer of an approval task: ``approval.granted``, ``approval.rejected``
+(or ``approval.not_needed`` when it asked nothing). A retried node's earlier tries are in its task
+log only: the SessionResult keeps the events of the try that counted.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ EVENT_TYPES = (
     "replan.requested",
     "budget.exhausted",
     "session.finished",
+    "approval.granted",
+    "approval.rejected",
+    "approval.not_needed",
 )
 NODE_OUTCOMES = {"success": "node.succeeded", "failed": "node.failed", "skipped": "node.skipped"}
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Usage
 from airflow_plan_provider.plan.replan import PlanDiff
 
@@ -25,6 +26,7 @@ Reason = Literal[
     "untrusted_session",
     "replan_requested",
     "replan_unavailable",
+    "rejected",  # the plan was not approved (rejected, or no answer before the approval timeout)
 ]
 
 
@@ -134,6 +136,7 @@ class SessionResult(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     message: str = ""
     replan: ReplanInfo | None = None
+    approvals: list[Approval] = Field(default_factory=list)  # answers to approval requests, in order
 
     def summary_text(self) -> str:
         """A few readable lines for logs and the command line."""
@@ -146,6 +149,12 @@ class SessionResult(BaseModel):
             f"runs: {len(self.run_ids)}  replans: {self.usage.replans}  steps: {self.usage.steps}  "
             f"tokens: {self.usage.prompt_tokens}+{self.usage.completion_tokens}"
         )
+        for approval in self.approvals:
+            who = approval.responded_by or ("nobody (timed out)" if approval.timed_out else "nobody")
+            lines.append(
+                f"approval of revision {approval.revision}: {approval.status} by {who} "
+                f"for nodes {approval.nodes}"
+            )
         for revision in self.revisions:
             d = revision.diff
             lines.append(

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Budgets, Usage
 from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
@@ -57,11 +58,13 @@ class SessionState(BaseModel):
     history: list[NodeRecord] = Field(default_factory=list)
     revisions: list[Revision] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
+    approvals: list[Approval] = Field(default_factory=list)  # answers to this session's approval requests
     # set by the planning step of this run
     current_plan: dict[str, Any] | None = None
     # "conf": a ready plan given in the run's conf, run as given and never replanned (no planner wrote
-    # it); "planner": written by the DAG's planner
-    plan_source: Literal["planner", "conf"] = "planner"
+    # it); "dag": the plan built into the DAG (a frozen plan), never replanned either; "planner": written
+    # by the DAG's planner
+    plan_source: Literal["planner", "conf", "dag"] = "planner"
     eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     # node id -> the lane (a pool's node tasks) it runs in; a node absent here runs in the default lane
     lanes: dict[str, str] = Field(default_factory=dict)
@@ -104,6 +107,7 @@ class SessionState(BaseModel):
             usage=self.usage,
             message=message,
             replan=replan,
+            approvals=list(self.approvals),
         )
 
 
@@ -136,6 +140,17 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
             message=f"step budget of {budgets.max_steps} spent; not executed: {', '.join(starved)}",
             failed=failed,
         )
+    cannot_replan = state.plan_source != "planner" or budgets.max_replans == 0
+    if cannot_replan and not failed and moot and not any(_children(plan)[n] for n in moot):
+        # No replan can answer (as for a frozen plan), and no node depends on the requesting nodes, so
+        # nothing was skipped for them: the run concludes on the rest.
+        return Conclusion(
+            kind="done",
+            reason="goal_met",
+            message="the plan ran to its end; no replan can answer these requests, and no node depends "
+            "on them: " + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot),
+            replan_requested=moot,
+        )
     if not failed and not moot:
         if contained:
             return Conclusion(
@@ -160,6 +175,11 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
             f"{what}; the plan is the ready plan given in the run's conf, and no planner can replan a "
             "ready plan (trigger a new run with a corrected plan, or with a goal for the planner)",
         )
+    if state.plan_source == "dag":
+        return give_up(
+            "node_failed" if failed else "replan_unavailable",
+            f"{what}; the plan is the one built into this DAG (a frozen plan), which is never replanned",
+        )
     if budgets.max_replans == 0:
         return give_up("node_failed" if failed else "replan_budget", what)
     if usage.replans >= budgets.max_replans:
@@ -180,15 +200,36 @@ def contained_failures(
 ) -> list[str]:
     """Failed nodes whose children all succeeded without them (through optional edges): the plan went on,
     so they need no replan. A failed leaf is never contained."""
-    children: dict[str, list[str]] = {n: [] for n in plan.node_ids}
-    for child, parents in plan.parents.items():
-        for parent in parents:
-            children[parent].append(child)
+    children = _children(plan)
     return [
         n
         for n in failed
         if children[n] and all(c in records and records[c].status == "success" for c in children[n])
     ]
+
+
+def _children(plan: ValidatedPlan) -> dict[str, list[str]]:
+    children: dict[str, list[str]] = {n: [] for n in plan.node_ids}
+    for child, parents in plan.parents.items():
+        for parent in parents:
+            children[parent].append(child)
+    return children
+
+
+def record_approval(state: SessionState, approval: Approval) -> None:
+    """Add an answer to an approval request to the session, with its event (``approval.granted`` or
+    ``approval.rejected``: who could answer, who did and when, which nodes)."""
+    state.approvals.append(approval)
+    state.event(
+        f"approval.{approval.status}",
+        nodes=approval.nodes,
+        approvers=approval.approvers,
+        responded_by=approval.responded_by,
+        requested_at=approval.requested_at,
+        responded_at=approval.responded_at,
+        timed_out=approval.timed_out,
+        message=approval.message,
+    )
 
 
 def lock_successes(

@@ -101,6 +101,7 @@ class ScriptedTool:
     ``job_seconds`` makes the tool asynchronous: the call starts a job that ends after that many seconds
     (with the output, or failing with ``job_fails``), polled by :func:`poll_timed_job`. ``pool`` and
     ``pool_slots`` declare the Airflow pool its nodes take slots from.
+    ``needs_approval`` marks it risky (a plan calling it waits for approval).
     """
 
     def __init__(
@@ -123,10 +124,12 @@ class ScriptedTool:
         poll_interval: float = 1.0,
         pool: str | None = None,
         pool_slots: int = 1,
+        needs_approval: bool = False,
     ) -> None:
         self.name = name
         self.pool = pool
         self.pool_slots = pool_slots
+        self.needs_approval = needs_approval
         self.log = log
         self.returns = returns
         self.sleep = sleep
@@ -179,6 +182,7 @@ class ScriptedTool:
             timeout=self.job_timeout,
             pool=self.pool,
             pool_slots=self.pool_slots,
+            needs_approval=self.needs_approval,
         )
 
 

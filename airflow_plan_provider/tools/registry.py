@@ -69,6 +69,7 @@ class Tool:
     timeout: float | None = None
     pool: str | None = None  # an Airflow pool: nodes calling this tool take slots from it
     pool_slots: int = 1
+    needs_approval: bool = False  # risky: a plan DAG asks a human before a node calling it runs
     wants_ctx: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +112,8 @@ class Tool:
             "poll_interval": self.poll_interval,
             "timeout": self.timeout,
             **pooled,
+            # only when set, so the digests of catalogs without risky tools stay as they were
+            **({"needs_approval": True} if self.needs_approval else {}),
         }
 
 
@@ -180,11 +183,14 @@ class ToolRegistry(Mapping[str, Tool]):
         timeout: float | None = None,
         pool: str | None = None,
         pool_slots: int = 1,
+        needs_approval: bool = False,
     ) -> Any:
         """Register ``func`` as a tool (usable bare or with arguments).
 
         ``pool`` names an Airflow pool (create it with ``airflow pools set``): each node calling the tool
         takes ``pool_slots`` of its slots while it runs, whichever plan run or worker it belongs to.
+        ``needs_approval=True`` marks a risky tool (a side effect someone should sign off): a plan DAG
+        built with ``approval="risky"`` (the default) waits for a human to approve a plan that calls it.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -199,6 +205,7 @@ class ToolRegistry(Mapping[str, Tool]):
                     timeout=timeout,
                     pool=pool,
                     pool_slots=pool_slots,
+                    needs_approval=needs_approval,
                 )
             )
             return fn

@@ -1,0 +1,373 @@
+"""Freeze a finished plan session into a readable, scheduled DAG file that runs that plan again.
+
+The file holds the session's final plan as a Python literal and builds the DAG with
+:func:`~airflow_plan_provider.dag_factory.build_plan_dag` (``plan=PLAN``, no planner, replanning off):
+every run validates and executes exactly that plan, with no planner or LLM call. Its strings are
+Jinja templates rendered with each run's context by the planning task, so a param frozen as
+``"{{ ds }}"`` gives each scheduled (or backfilled) run its own day. The module docstring names the
+goal, the revision and the source run.
+
+No secret is written: a param whose name looks like a secret must be given as a template (say
+``"{{ var.value.report_api_key }}"``, rendered at run time) or the freeze fails; API credentials used
+to read the session never reach the file. The command line is ``airflow-plan freeze`` (see
+:mod:`airflow_plan_provider.cli`). This module imports no Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from airflow_plan_provider.exceptions import FreezeError, PlanValidationError
+from airflow_plan_provider.plan.approval import APPROVAL_MODES, is_sensitive_key
+from airflow_plan_provider.plan.model import Plan, ValidatedPlan
+from airflow_plan_provider.plan.validate import validate_plan
+
+DAG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
+SPEC_PATTERN = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
+ASSIGNMENT_PATTERN = re.compile(
+    r"^(?:(?P<node>[A-Za-z0-9_\-]{1,64})\.)?(?P<name>[A-Za-z_][\w\-]*)=(?P<value>.*)$", re.S
+)
+WHOLE_TEMPLATE = re.compile(r"^\s*\{\{(?:(?!\}\}).)*\}\}\s*$", re.S)  # one expression, nothing else
+WIDTH = 100
+
+
+@dataclass(frozen=True)
+class FrozenSource:
+    """A plan to freeze and where it came from (written into the file's docstring)."""
+
+    plan: dict[str, Any]  # goal, nodes, edges
+    origin: str  # "run R of DAG D" or "plan file F"
+    revision: int | None = None
+    replans: int | None = None
+
+
+@dataclass(frozen=True)
+class ParamTemplate:
+    """``[NODE.]NAME=VALUE``: set param NAME of node NODE (of every node that has it) to VALUE."""
+
+    name: str
+    value: str
+    node: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ParamTemplate:
+        match = ASSIGNMENT_PATTERN.match(text)
+        if not match:
+            raise FreezeError(f"--param {text!r} is not [NODE.]NAME=VALUE")
+        return cls(name=match["name"], value=match["value"], node=match["node"])
+
+    def __str__(self) -> str:
+        return f"{self.node + '.' if self.node else ''}{self.name}={self.value}"
+
+
+def apply_templates(plan: Mapping[str, Any], templates: Sequence[ParamTemplate]) -> dict[str, Any]:
+    """A copy of ``plan`` with each template's param replaced; a template that matches no param of any
+    node (or of the node it names) raises :class:`FreezeError`."""
+    result = json.loads(json.dumps(plan))
+    nodes = {str(node["id"]): node for node in result.get("nodes", [])}
+    for template in templates:
+        if template.node is not None and template.node not in nodes:
+            raise FreezeError(f"--param {template}: the plan has no node {template.node!r}")
+        targets = [nodes[template.node]] if template.node else list(nodes.values())
+        hit = [node for node in targets if template.name in (node.get("params") or {})]
+        if not hit:
+            where = f"node {template.node}" if template.node else "any node"
+            raise FreezeError(f"--param {template}: {where} has no param {template.name!r}")
+        for node in hit:
+            node["params"][template.name] = template.value
+    return result
+
+
+def secret_params(plan: Mapping[str, Any]) -> list[str]:
+    """Where the plan holds a value under a secret-looking key that is not a whole Jinja template:
+    ``node N param a.b`` for each (what the file would expose)."""
+    found: list[str] = []
+
+    def walk(value: Any, path: list[str], node_id: str) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                here = [*path, str(key)]
+                if is_sensitive_key(str(key)) and not (
+                    item in (None, "") or (isinstance(item, str) and WHOLE_TEMPLATE.match(item))
+                ):
+                    found.append(f"node {node_id} param {'.'.join(here)}")
+                else:
+                    walk(item, here, node_id)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, [*path, str(index)], node_id)
+
+    for node in plan.get("nodes", []):
+        walk(node.get("params") or {}, [], str(node.get("id")))
+    return found
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+def source_from_plan(raw: Any, name: str) -> FrozenSource:
+    """A plan file's plan (JSON text or data with ``nodes``, as ``airflow-plan validate`` reads)."""
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+        plan = Plan.model_validate(data)
+    except ValueError as error:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
+        raise FreezeError(f"{name} is not a plan: {str(error).splitlines()[0]}") from None
+    return FrozenSource(plan=plan.to_json_dict(), origin=f"plan file {name}")
+
+
+class SessionApi:
+    """Reads a session from Airflow's REST API (``/api/v2``) with a bearer token, or a token fetched
+    for ``user``/``password`` from ``/auth/token``; without either, anonymously."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise FreezeError(f"--api must be an http(s) URL, not {base_url!r}")
+        if parsed.username or parsed.password:
+            raise FreezeError("--api must not carry credentials; use --token or --user")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._token = token
+        if token is None and user:
+            self._token = self._login(user, password or "")
+
+    def _send(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise FreezeError(f"cannot reach {self.base_url}: {reason}") from None
+
+    def _login(self, user: str, password: str) -> str:
+        status, data = self._send("POST", "/auth/token", {"username": user, "password": password})
+        try:
+            token = json.loads(data)["access_token"] if status in (200, 201) else None
+        except (ValueError, KeyError, TypeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise FreezeError(f"login as {user!r} at {self.base_url}/auth/token failed (HTTP {status})")
+        return token
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str) -> Any:
+        """An XCom value, or ``None`` when there is none."""
+        quote = lambda text: urllib.parse.quote(text, safe="")  # noqa: E731
+        path = (
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}/taskInstances/{quote(task_id)}"
+            f"/xcomEntries/{quote(key)}?map_index=-1"
+        )
+        status, data = self._send("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            hint = " (give --token or --user)" if status in (401, 403) else ""
+            raise FreezeError(f"GET {path} answered HTTP {status}{hint}")
+        try:
+            return json.loads(data)["value"]
+        except (ValueError, KeyError, TypeError):
+            raise FreezeError(f"GET {path} answered something that is not an XCom entry") from None
+
+    def session(self, dag_id: str, run_id: str) -> FrozenSource:
+        """The final plan of the completed session that run ``run_id`` of DAG ``dag_id`` belongs to."""
+        state = self.xcom(dag_id, run_id, "plan", "session")
+        if not isinstance(state, Mapping):
+            raise FreezeError(f"run {run_id!r} of DAG {dag_id!r} has no plan session (no XCom session)")
+        root = str(state.get("root_run_id") or run_id)
+        result = None
+        for task_id in ("replan", "finalize"):  # a session that replanned reports through its replan task
+            value = self.xcom(dag_id, root, task_id, "return_value")
+            reported = isinstance(value, Mapping) and "status" in value
+            if reported and (task_id == "finalize" or value.get("run_ids")):
+                result = value
+                break
+        if result is None:
+            raise FreezeError(f"session {root!r} of DAG {dag_id!r} has no result (is it still running?)")
+        if result.get("status") != "completed":
+            raise FreezeError(
+                f"session {root!r} of DAG {dag_id!r} ended {result.get('status')} "
+                f"({result.get('reason')}): only a completed session's plan can be frozen"
+            )
+        last = str((result.get("run_ids") or [root])[-1])
+        plan = self.xcom(dag_id, last, "plan", "plan")
+        last_state = self.xcom(dag_id, last, "plan", "session") or {}
+        if not isinstance(plan, Mapping):
+            raise FreezeError(f"run {last!r} of DAG {dag_id!r} published no plan")
+        try:
+            frozen = ValidatedPlan.model_validate(plan).as_plan().to_json_dict()
+        except ValueError as error:
+            raise FreezeError(
+                f"the plan of run {last!r} is not a plan: {str(error).splitlines()[0]}"
+            ) from None
+        origin = f"run {root} of DAG {dag_id}" + (f" (final revision in run {last})" if last != root else "")
+        revision = last_state.get("revision") if isinstance(last_state, Mapping) else None
+        replans = (result.get("usage") or {}).get("replans")
+        return FrozenSource(plan=frozen, origin=origin, revision=revision, replans=replans)
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+def _string(text: str) -> str:
+    """A Python string literal, double-quoted where that needs no escape (non-printable escaped)."""
+    literal = repr(text)
+    if literal.startswith("'") and '"' not in text:
+        literal = '"' + literal[1:-1] + '"'
+    return literal
+
+
+def literal(value: Any, indent: int = 0) -> str:
+    """``value`` (JSON data) as a Python literal, one item a line when it does not fit on one."""
+    if isinstance(value, str):
+        return _string(value)
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    pad = " " * (indent + 4)
+    if isinstance(value, Mapping):
+        items = [f"{_string(str(k))}: {literal(v, indent + 4)}" for k, v in value.items()]
+        inline = "{" + ", ".join(items) + "}"
+        if len(inline) + indent <= WIDTH - 10 and "\n" not in inline:
+            return inline
+        return "{\n" + "".join(f"{pad}{item},\n" for item in items) + " " * indent + "}"
+    if isinstance(value, list | tuple):
+        elements = [literal(v, indent + 4) for v in value]
+        inline = "[" + ", ".join(elements) + "]"
+        if len(inline) + indent <= WIDTH - 10 and "\n" not in inline:
+            return inline
+        return "[\n" + "".join(f"{pad}{item},\n" for item in elements) + " " * indent + "]"
+    raise FreezeError(f"cannot write a {type(value).__name__} into a plan literal")
+
+
+def _doc(text: str) -> str:
+    """Untrusted text made safe for a triple-quoted docstring: one line, escapes kept visible."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return shown.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def render_dag_file(
+    source: FrozenSource,
+    *,
+    dag_id: str,
+    tools: str,
+    schedule: str,
+    start_date: date,
+    templates: Sequence[ParamTemplate] = (),
+    approval: str | None = None,
+    import_tools: bool = True,
+    max_layers: int | None = None,
+) -> str:
+    """The DAG file's text: docstring (goal, revision, source, schedule, nodes), imports, the plan as a
+    literal, and one :func:`build_plan_dag` call. ``tools`` is ``module:attribute`` (imported when
+    ``import_tools``, so the DAG knows at parse time whether any tool needs approval) or an
+    entry-point name. Deterministic: the same inputs give the same text.
+
+    Raises :class:`FreezeError` for a bad DAG id or approval mode, a template matching no param, or a
+    secret-looking param that is not a template.
+    """
+    if not DAG_ID_PATTERN.match(dag_id):
+        raise FreezeError(f"--dag-id {dag_id!r} is not a valid DAG id (letters, digits, _ . -)")
+    if approval is not None and approval not in APPROVAL_MODES:
+        raise FreezeError(f"--approval must be one of {', '.join(APPROVAL_MODES)}, not {approval!r}")
+    plan = apply_templates(source.plan, templates)
+    for edge in plan.get("edges", []):
+        if edge.get("optional") is False:
+            del edge["optional"]  # the default: less to read
+    secrets = secret_params(plan)
+    if secrets:
+        raise FreezeError(
+            "the plan holds what looks like a secret; give it as a template rendered at run time "
+            f"(--param NODE.NAME='{{{{ var.value.NAME }}}}'): {'; '.join(secrets)}"
+        )
+    goal = str(plan.get("goal") or "")
+    variable = re.sub(r"\W", "_", dag_id)
+    variable = variable if variable.isidentifier() and not variable[0].isdigit() else f"dag_{variable}"
+    spec = SPEC_PATTERN.match(tools)
+    revision = "unknown (a plan file)" if source.revision is None else str(source.revision)
+    if source.replans:
+        revision += f" (the plan after {source.replans} replan(s))"
+    doc = [
+        f"{_doc(dag_id)}: a frozen plan, run on a schedule with no planner call.",
+        "",
+        f"Goal: {_doc(goal) or '(none)'}",
+        f"Revision: {_doc(revision)}",
+        f"Source: {_doc(source.origin)}",
+        f"Schedule: {_doc(schedule)}",
+        "",
+        "Nodes (each run validates and executes exactly these, strings rendered as Jinja per run):",
+        "",
+    ]
+    for node in plan.get("nodes", []):
+        doc.append(
+            f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
+        )
+    if templates:
+        doc += ["", "Templated params:", ""]
+        doc += [f"- {_doc(str(t))}" for t in templates]
+    doc += [
+        "",
+        "Written by ``airflow-plan freeze``. To change the plan, freeze another session, or edit PLAN:",
+        "it is validated against the tools at every run.",
+    ]
+    if spec and import_tools:
+        imports = f"from {spec[1]} import {spec[2]} as tools\n"
+        tools_arg = "tools"
+    else:
+        imports = ""
+        tools_arg = _string(tools)
+    try:
+        layers = max_layers or len(
+            validate_plan(plan).layers
+        )  # the structure: tools are checked by the caller
+    except PlanValidationError as error:
+        raise FreezeError(f"the plan is invalid: {error}") from None
+    arguments = [
+        _string(dag_id),
+        "planner=None",
+        "plan=PLAN",
+        f"tools={tools_arg}",
+        'goal=PLAN["goal"]',
+        f"schedule={_string(schedule)}",
+        f"start_date=datetime({start_date.year}, {start_date.month}, {start_date.day}, tzinfo=UTC)",
+        "catchup=False",
+        "replan=False",
+        "max_replans=0",
+        f"max_layers={layers}",
+    ]
+    if approval is not None:
+        arguments.append(f"approval={_string(approval)}")
+    arguments += ['tags=["plan", "frozen"]', "doc_md=__doc__"]
+    call = "".join(f"    {argument},\n" for argument in arguments)
+    return (
+        '"""' + "\n".join(doc) + '\n"""\n\n'
+        "from __future__ import annotations\n\n"
+        "from datetime import UTC, datetime\n\n"
+        "from airflow_plan_provider import build_plan_dag\n"
+        f"{imports}\n"
+        f"PLAN = {literal(plan)}\n\n"
+        f"{variable} = build_plan_dag(\n{call})\n"
+    )

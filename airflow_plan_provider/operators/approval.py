@@ -1,0 +1,211 @@
+"""The approval task: a human approves the plan's risky nodes before any node runs.
+
+It sits between ``plan`` and the first node task, and uses Airflow's human-in-the-loop
+:class:`~airflow.providers.standard.operators.hitl.ApprovalOperator`: the request (subject, a Markdown
+body with the plan and the params of the nodes asked about, secrets hidden) appears on the run's
+"Required actions" page and under ``/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/
+hitlDetails`` (answer with ``PATCH`` and ``{"chosen_options": ["Approve"]}`` or ``["Reject"]``).
+
+Which nodes are asked about is decided by the pure core (:func:`~airflow_plan_provider.plan.approval.
+nodes_to_approve`); when none is, the task records ``not_needed`` and skips itself, and the nodes run
+(their trigger rule lets a skipped approval through). The outcome is pushed as XCom ``approval``:
+finalize adds it to the session (``approval.granted`` / ``approval.rejected`` events, the
+SessionResult's ``approvals``). A rejection, or no answer before ``response_timeout`` (the request's
+default answer is "Reject"), skips the node tasks; the ``select_layer_k`` tasks skip too, so no node
+runs, and finalize ends the session failed with reason ``rejected``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_plan_provider.operators._xcom import APPROVAL_KEY, APPROVE_TASK, pull_plan, pull_session
+from airflow_plan_provider.plan.approval import (
+    APPROVAL_MODES,
+    Approval,
+    ApprovalMode,
+    approved_calls,
+    nodes_to_approve,
+    request_text,
+)
+from airflow_plan_provider.plan.result import now
+from airflow_plan_provider.plan.session import SessionState, record_approval
+from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
+
+Approver = str | Mapping[str, str]
+
+
+def assigned_users(approvers: Sequence[Approver] | str | None) -> list[dict[str, str]] | None:
+    """Approvers as Airflow HITL users (``{"id", "name"}``): a string is a user id (and its name)."""
+    if approvers is None:
+        return None
+    if isinstance(approvers, str):
+        approvers = [approvers]
+    users = []
+    for approver in approvers:
+        if isinstance(approver, str) and approver.strip():
+            users.append({"id": approver, "name": approver})
+        elif isinstance(approver, Mapping) and isinstance(approver.get("id"), str) and approver["id"]:
+            users.append({"id": approver["id"], "name": str(approver.get("name") or approver["id"])})
+        else:
+            raise ValueError(
+                f"an approver is a user id or a mapping with 'id' (and 'name'), not {approver!r}"
+            )
+    return users or None
+
+
+def _iso(value: Any) -> str | None:
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="milliseconds")
+    return str(value) if value else None
+
+
+class PlanApprovalOperator(ApprovalOperator):
+    """Ask a human to approve the plan's risky nodes (or every node, ``mode="always"``) before they run.
+
+    :param mode: ``risky``, ``always`` or ``never`` (see :mod:`airflow_plan_provider.plan.approval`).
+    :param tools: the DAG's tools (a registry or a spec string); a tool with ``needs_approval`` is risky.
+    :param approvers: user ids (or ``{"id", "name"}`` mappings) allowed to answer; ``None``: any user
+        allowed to answer HITL requests of this DAG.
+    :param response_timeout: how long to wait for an answer; no answer in time is a rejection.
+    """
+
+    # subject and body are written at run time from the plan, which is untrusted text: never Jinja
+    template_fields: Sequence[str] = ()
+    ui_color = "#fff3c4"
+
+    def __init__(
+        self,
+        *,
+        mode: ApprovalMode = "risky",
+        tools: ToolRegistry | str | None = None,
+        approvers: Sequence[Approver] | str | None = None,
+        response_timeout: timedelta | None = timedelta(days=1),
+        **kwargs: Any,
+    ) -> None:
+        if mode not in APPROVAL_MODES:
+            raise ValueError(f"approval must be one of {APPROVAL_MODES}, not {mode!r}")
+        if response_timeout is not None and (
+            not isinstance(response_timeout, timedelta) or response_timeout <= timedelta(0)
+        ):
+            raise ValueError(
+                f"approval_timeout must be a positive timedelta or None, not {response_timeout!r}"
+            )
+        kwargs.setdefault("retries", 0)  # a retry would ask again for an answer already given
+        super().__init__(
+            subject="Approve the plan before its nodes run",
+            defaults=ApprovalOperator.REJECT,  # what a timeout answers
+            assigned_users=assigned_users(approvers),  # type: ignore[arg-type]
+            response_timeout=response_timeout,
+            **kwargs,
+        )
+        self.mode = mode
+        self.tools = tools
+
+    def execute(self, context: Any) -> None:
+        ti = context["ti"]
+        plan = pull_plan(ti)
+        if plan is None:
+            raise AirflowSkipException("planning did not publish a plan")
+        state = pull_session(ti)
+        tools = load_tools(self.tools)
+        risky = sorted(name for name, tool in tools.items() if tool.needs_approval)
+        asked = nodes_to_approve(
+            plan, risky_tools=risky, mode=self.mode, approvals=state.approvals, locked=state.locked
+        )
+        if not asked:
+            earlier = [n.id for n in plan.nodes if n.tool in risky and n.id not in state.locked]
+            ti.xcom_push(
+                key=APPROVAL_KEY,
+                value={"status": "not_needed", "revision": state.revision, "approved_earlier": earlier},
+            )
+            raise AirflowSkipException(
+                "no node needs approval"
+                + (f" (risky nodes {earlier} were approved earlier in the session)" if earlier else "")
+            )
+        from airflow.sdk._shared.secrets_masker import redact
+
+        self.subject, self.body = request_text(
+            plan,
+            asked,
+            risky_tools=risky,
+            revision=state.revision,
+            run_id=ti.run_id,
+            locked=state.locked,
+            redact=lambda value, key: redact(value, key or None),
+        )
+        request = Approval(
+            revision=state.revision,
+            run_id=ti.run_id,
+            status="rejected",  # until answered
+            nodes=asked,
+            calls=approved_calls(plan, asked),
+            approvers=[user["id"] for user in self.assigned_users or []],
+            requested_at=now(),
+        )
+        ti.xcom_push(key=APPROVAL_KEY, value={**request.model_dump(mode="json"), "status": "requested"})
+        self.log.info("asking for approval of nodes %s (%s)", asked, self.subject)
+        super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """Record the answer; on anything but a timely "Approve", skip the node tasks."""
+        ti = context["ti"]
+        requested = ti.xcom_pull(task_ids=ti.task_id, key=APPROVAL_KEY) or {}
+        approval = Approval.model_validate({**requested, "status": "rejected"})
+        user = event.get("responded_by_user") or None
+        timed_out = bool(event.get("timedout")) or ("error" in event and event.get("error_type") == "timeout")
+        chosen = list(event.get("chosen_options") or [])
+        if "error" not in event:
+            self.validate_chosen_options(chosen)
+        approval.responded_by = str(user.get("name") or user.get("id")) if isinstance(user, Mapping) else None
+        approval.responded_at = _iso(event.get("responded_at")) or now()
+        approval.timed_out = timed_out
+        if chosen == [self.APPROVE] and not timed_out and user is not None:
+            approval.status = "granted"
+            approval.message = f"approved by {approval.responded_by}"
+        elif timed_out:
+            approval.calls = {}
+            approval.message = (
+                f"no answer within {self.response_timeout} (a timeout is a rejection)"
+                if self.response_timeout
+                else "no answer (a timeout is a rejection)"
+            )
+        else:
+            approval.calls = {}
+            detail = f": {event['error']}" if "error" in event else ""
+            approval.message = f"rejected by {approval.responded_by or 'nobody'}{detail}"
+        ti.xcom_push(key=APPROVAL_KEY, value=approval.model_dump(mode="json"))
+        self.log.info("approval of nodes %s: %s (%s)", approval.nodes, approval.status, approval.message)
+        if approval.status != "granted":
+            # the node tasks (and select_layer_1) follow this task directly; later selects check the record
+            self.skip(ti=ti, tasks=self.get_direct_relatives(upstream=False))
+        return approval.model_dump(mode="json")
+
+
+def record_approval_outcome(ti: Any, state: SessionState) -> Approval | None:
+    """Add the run's approval answer (if its approval task asked) to ``state``; for finalize.
+
+    Returns the answer, ``None`` when nothing was asked (no approval task, or approval not needed). A
+    request with no answer (the approval task ended without one) counts as a rejection.
+    """
+    record = ti.xcom_pull(task_ids=APPROVE_TASK, key=APPROVAL_KEY)
+    if not isinstance(record, dict):
+        return None
+    if record.get("status") == "not_needed":
+        state.event("approval.not_needed", approved_earlier=record.get("approved_earlier", []))
+        return None
+    if record.get("status") == "requested":
+        record = {
+            **record,
+            "status": "rejected",
+            "calls": {},
+            "message": "the approval task ended unanswered",
+        }
+    approval = Approval.model_validate(record)
+    record_approval(state, approval)
+    return approval
