@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,9 +45,10 @@ class FrozenSource:
     """A plan to freeze and where it came from (written into the file's docstring)."""
 
     plan: dict[str, Any]  # goal, nodes, edges
-    origin: str  # "run R of DAG D" or "plan file F"
+    origin: str  # "DAG D, session run R" or "plan file F"
     revision: int | None = None
     replans: int | None = None
+    final_run: str | None = None  # the run that executed the final revision, when not the session's first
 
 
 @dataclass(frozen=True)
@@ -224,10 +226,15 @@ class SessionApi:
             raise FreezeError(
                 f"the plan of run {last!r} is not a plan: {str(error).splitlines()[0]}"
             ) from None
-        origin = f"run {root} of DAG {dag_id}" + (f" (final revision in run {last})" if last != root else "")
         revision = last_state.get("revision") if isinstance(last_state, Mapping) else None
         replans = (result.get("usage") or {}).get("replans")
-        return FrozenSource(plan=frozen, origin=origin, revision=revision, replans=replans)
+        return FrozenSource(
+            plan=frozen,
+            origin=f"DAG {dag_id}, session run {root}",
+            revision=revision,
+            replans=replans,
+            final_run=last if last != root else None,
+        )
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -316,6 +323,7 @@ def render_dag_file(
         f"Goal: {_doc(goal) or '(none)'}",
         f"Revision: {_doc(revision)}",
         f"Source: {_doc(source.origin)}",
+        *([f"        (its final revision ran as {_doc(source.final_run)})"] if source.final_run else []),
         f"Schedule: {_doc(schedule)}",
         "",
         "Nodes (each run validates and executes exactly these, strings rendered as Jinja per run):",
@@ -325,14 +333,12 @@ def render_dag_file(
         doc.append(
             f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
         )
-    if templates:
-        doc += ["", "Templated params:", ""]
-        doc += [f"- {_doc(str(t))}" for t in templates]
-    doc += [
-        "",
-        "Written by ``airflow-plan freeze``. To change the plan, freeze another session, or edit PLAN:",
-        "it is validated against the tools at every run.",
-    ]
+    options = [("--tools", tools), ("--dag-id", dag_id), ("--schedule", schedule)]
+    options += [("--start-date", start_date.isoformat()), *(("--param", str(t)) for t in templates)]
+    options += [("--approval", approval)] if approval else []
+    doc += ["", "Written by ``airflow-plan freeze`` (see the README) with the options:", ""]
+    doc += [f"    {flag} {_doc(shlex.quote(value))}" for flag, value in options]
+    doc += ["", "To change the plan, freeze another session, or edit PLAN: each run validates it."]
     if spec and import_tools:
         imports = f"from {spec[1]} import {spec[2]} as tools\n"
         tools_arg = "tools"
