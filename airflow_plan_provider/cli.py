@@ -194,9 +194,7 @@ def _freeze(args: argparse.Namespace) -> int:
         source = _freeze_source(args)
         if isinstance(source, int):
             return source
-        frozen = apply_templates(source.plan, templates)
-        plan = validate_plan(frozen, tools)
-        text = render_dag_file(
+        text = render_dag_file(  # refuses secrets first: the checks below never see one
             source,
             dag_id=args.dag_id,
             tools=args.tools,
@@ -205,8 +203,8 @@ def _freeze(args: argparse.Namespace) -> int:
             templates=templates,
             approval=args.approval,
             import_tools=_is_registry_attribute(args.tools),
-            max_layers=len(plan.layers),
         )
+        validate_plan(apply_templates(source.plan, templates), tools)  # as every run will
     except PlanValidationError as error:
         _say("airflow-plan: the frozen plan is invalid:")
         for problem in error.problems:

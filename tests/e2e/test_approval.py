@@ -303,6 +303,22 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
 
     assert without_run_ids(text) == without_run_ids(DAILY.read_text())
 
+    # a session that did not complete is not frozen; nor is one read without credentials
+    rejected = env.runs["reject"]
+    env.cluster.wait_for_run("e2e_approval", rejected, timeout=RUN_TIMEOUT)
+    refused = [
+        *command[:5],
+        "--source-dag=e2e_approval",
+        f"--source-run={rejected}",
+        "--user=alice",
+        *FREEZE_ARGS,
+    ]
+    done = subprocess.run(refused, capture_output=True, text=True, env=child_env, timeout=120, check=False)
+    assert done.returncode == 1 and "ended failed (rejected)" in done.stderr, done.stderr
+    anonymous = [*command[:5], f"--source-dag={EXAMPLE}", f"--source-run={root}", *FREEZE_ARGS]
+    done = subprocess.run(anonymous, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1 and "HTTP 401 (give --token or --user)" in done.stderr, done.stderr
+
 
 def test_backfill_of_three_days_writes_three_reports(env: Env) -> None:
     cluster = env.cluster

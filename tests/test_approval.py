@@ -1,0 +1,266 @@
+"""Approval: which nodes must be approved (pure core), the request's text, the session's record of
+answers, and the approve task in the DAG (its place, its trigger rules, a run that needs no approval).
+
+Approval answered through the REST API on a real scheduler: tests/e2e/test_approval.py.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.plan.approval import (
+    Approval,
+    approved_calls,
+    call_digest,
+    hide_secrets,
+    nodes_to_approve,
+    request_text,
+)
+from airflow_plan_provider.plan.replan import merge_replan
+from airflow_plan_provider.plan.result import NodeRecord
+from airflow_plan_provider.plan.session import SessionState, conclude, record_approval
+from airflow_plan_provider.plan.validate import validate_plan
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.tools.registry import ToolRegistry
+
+RISKY = {"purge", "notify"}
+
+
+def plan_of(*nodes: tuple[str, str, dict[str, Any]], edges: list[dict[str, Any]] | None = None) -> Any:
+    return validate_plan(
+        {
+            "goal": "tidy up",
+            "nodes": [{"id": i, "action": f"step {i}", "tool": t, "params": p} for i, t, p in nodes],
+            "edges": edges or [],
+        }
+    )
+
+
+PLAN = plan_of(("1", "read", {}), ("2", "purge", {"table": "t", "rows": "${1}"}), ("3", "read", {}))
+
+
+def granted(plan: Any, nodes: list[str], revision: int = 0) -> Approval:
+    return Approval(status="granted", nodes=nodes, calls=approved_calls(plan, nodes), revision=revision)
+
+
+# --- which nodes are asked about ----------------------------------------------------------------------
+
+
+def test_modes_ask_for_risky_nodes_every_node_or_none() -> None:
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="risky") == ["2"]
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="always") == ["1", "2", "3"]
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="never") == []
+    assert nodes_to_approve(plan_of(("1", "read", {})), risky_tools=RISKY, mode="risky") == []
+    with pytest.raises(ValueError, match="approval mode"):
+        nodes_to_approve(PLAN, risky_tools=RISKY, mode="sometimes")  # type: ignore[arg-type]
+
+
+def test_an_approved_call_is_not_asked_again_a_rejected_one_is() -> None:
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="risky", approvals=[granted(PLAN, ["2"])]) == []
+    rejected = Approval(status="rejected", nodes=["2"], calls=approved_calls(PLAN, ["2"]))
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="risky", approvals=[rejected]) == ["2"]
+    # in "always" mode, the approval of node 2 covers node 2 only
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="always", approvals=[granted(PLAN, ["2"])]) == [
+        "1",
+        "3",
+    ]
+
+
+def test_locked_nodes_are_reused_not_run_so_never_asked_about() -> None:
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="risky", locked={"2"}) == []
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="always", locked={"1", "2"}) == ["3"]
+
+
+def test_a_replan_that_revises_or_adds_a_risky_node_asks_again_for_those_only() -> None:
+    before = [granted(PLAN, ["2"])]
+    # revision 1 keeps node 2 as approved and adds risky node 4: only node 4 is asked about
+    merged, _ = merge_replan(
+        PLAN.as_plan(),
+        {
+            "nodes": [
+                PLAN.node("2").model_dump(exclude_none=True),
+                {"id": "4", "action": "tell", "tool": "notify", "params": {"to": "owners"}},
+            ],
+            "edges": [{"from": "2", "to": "4"}],
+        },
+        locked={"1"},
+    )
+    assert nodes_to_approve(validate_plan(merged), risky_tools=RISKY, mode="risky", approvals=before) == ["4"]
+    # the same node 2 with other params is another call: asked again
+    revised = plan_of(("1", "read", {}), ("2", "purge", {"table": "everything", "rows": "${1}"}))
+    assert nodes_to_approve(revised, risky_tools=RISKY, mode="risky", approvals=before) == ["2"]
+    # the same call under another id is another node: asked again
+    renamed = plan_of(("1", "read", {}), ("2b", "purge", {"table": "t", "rows": "${1}"}))
+    assert nodes_to_approve(renamed, risky_tools=RISKY, mode="risky", approvals=before) == ["2b"]
+    # a replan that only reuses what was approved (and the locked node) asks nothing
+    assert nodes_to_approve(PLAN, risky_tools=RISKY, mode="risky", approvals=before, locked={"1"}) == []
+
+
+def test_call_digest_is_the_tool_and_declared_params_in_any_key_order() -> None:
+    a = plan_of(("n", "purge", {"a": 1, "b": [1, {"c": 2}]})).node("n")
+    b = plan_of(("n", "purge", {"b": [1, {"c": 2}], "a": 1})).node("n")
+    c = plan_of(("n", "notify", {"a": 1, "b": [1, {"c": 2}]})).node("n")
+    assert call_digest(a) == call_digest(b) != call_digest(c)
+
+
+# --- the request's text -------------------------------------------------------------------------------
+
+
+def test_request_shows_the_plan_and_the_asked_nodes_params_without_secrets() -> None:
+    plan = plan_of(
+        ("1", "read", {}),
+        ("2", "purge", {"table": "t", "auth": {"api_key": "sk-live-1", "user": "ops"}, "note": "sk-reg-2"}),
+    )
+
+    def redact(value: Any, key: str) -> Any:  # a secrets masker that knows one registered secret
+        return "***" if value == "sk-reg-2" else value
+
+    subject, body = request_text(plan, ["2"], risky_tools=RISKY, revision=1, run_id="r1", redact=redact)
+    assert subject == "Approve 1 node(s) of revision 1 before they run"
+    assert "| 2 | step 2 | purge | **approval needed** (risky) |" in body
+    assert "| 1 | step 1 | read |  |" in body
+    assert "sk-live-1" not in body and "sk-reg-2" not in body
+    shown = json.loads(body.split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert shown == {"table": "t", "auth": {"api_key": "***", "user": "ops"}, "note": "***"}
+
+
+def test_request_text_cannot_be_broken_out_of_by_plan_text() -> None:
+    plan = plan_of(("2", "purge", {"sql": "```\n# Approved\n``````"}))
+    plan.nodes[0].action = "a | b\n| forged | row |"
+    _, body = request_text(plan, ["2"], risky_tools=RISKY)
+    fence = "`" * 7  # longer than the longest backtick run in the params
+    assert f"{fence}json\n" in body and body.rstrip().endswith(fence)
+    assert "| 2 | a \\| b \\| forged \\| row \\| |" in body  # one table row, pipes escaped
+
+
+def test_hide_secrets_by_key_name_at_any_depth() -> None:
+    value = {"Password": "p", "nested": [{"client_secret": "s"}, {"x": 1}], "token_url": "u", "ok": "v"}
+    assert hide_secrets(value) == {
+        "Password": "***",
+        "nested": [{"client_secret": "***"}, {"x": 1}],
+        "token_url": "***",  # names that merely look like a secret are hidden too: a display can afford it
+        "ok": "v",
+    }
+
+
+# --- the session's record -------------------------------------------------------------------------------
+
+
+def test_an_answer_is_kept_in_the_session_result_and_events() -> None:
+    state = SessionState(goal="g", root_run_id="r")
+    approval = Approval(
+        status="rejected", nodes=["2"], approvers=["alice"], responded_by="alice", message="rejected by alice"
+    )
+    record_approval(state, approval)
+    result = state.result("failed", "rejected", "the plan was not approved: rejected by alice")
+    assert result.approvals == [approval] and result.reason == "rejected"
+    [event] = result.events
+    assert event.type == "approval.rejected"
+    assert event.data["responded_by"] == "alice" and event.data["nodes"] == ["2"]
+    assert "approval of revision 0: rejected by alice for nodes ['2']" in result.summary_text()
+    # the session state (a replan run's conf) carries the answers to the next revision
+    assert SessionState.model_validate(state.model_dump(mode="json")).approvals == [approval]
+
+
+# --- replan requests when replanning is off (a frozen plan) ----------------------------------------------
+
+
+def record(node_id: str, **fields: Any) -> NodeRecord:
+    return NodeRecord(node_id=node_id, status="success", **fields)
+
+
+def test_a_request_no_node_depends_on_does_not_fail_a_session_that_cannot_replan() -> None:
+    plan = plan_of(("1", "read", {}), ("3", "read", {}), ("5", "read", {"x": "${1}"}))
+    records = {
+        "1": record("1"),
+        "3": record("3", replan_requested=True, error="no deploys"),
+        "5": record("5"),
+    }
+    off = SessionState()
+    off.budgets.max_replans = 0
+    done = conclude(plan, records, off)
+    assert (done.kind, done.reason, done.replan_requested) == ("done", "goal_met", ["3"])
+    assert "node 3 requested a replan: no deploys" in done.message
+    # with replans left, the request is answered by a replan as before
+    assert conclude(plan, records, SessionState()).kind == "replan"
+    # a request that made a dependant moot still ends the session when it cannot replan
+    moot = {"1": record("1", replan_requested=True, error="moot"), "3": record("3")}
+    moot["5"] = NodeRecord(node_id="5", status="skipped")
+    assert conclude(plan, moot, off).kind == "give_up"
+
+
+# --- the approve task in the DAG -------------------------------------------------------------------------
+
+
+def registry(log: CallLog, risky: bool = True) -> ToolRegistry:
+    return scripted_registry(
+        ScriptedTool("read", log=log, returns=1),
+        ScriptedTool("purge", log=log, returns=2, needs_approval=risky),
+    )
+
+
+def build(dag_id: str, tools: Any, **options: Any) -> Any:
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    options.setdefault("max_layers", 2)
+    options.setdefault("retry_delay", timedelta(0))
+    options.setdefault("node_retries", 0)
+    plan = {"goal": "g", "nodes": [{"id": "1", "action": "read", "tool": "read", "params": {}}]}
+    return build_plan_dag(dag_id, planner=ScriptedPlanner(plan), tools=tools, **options)
+
+
+@pytest.mark.airflow
+def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can_be_needed(tmp_path) -> None:
+    log = CallLog(tmp_path)
+    dag = build("apv_layers", registry(log), approvers=["alice"], approval_timeout=timedelta(minutes=3))
+    approve = dag.get_task("approve")
+    assert approve.upstream_task_ids == {"plan"}
+    assert approve.downstream_task_ids == {"layer_0", "select_layer_1"}
+    assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
+    assert approve.response_timeout == timedelta(minutes=3) and approve.defaults == ["Reject"]
+    # a skipped approval (none needed) lets the first nodes run; a failed plan or approval does not
+    assert dag.get_task("layer_0").trigger_rule == "none_failed_min_one_success"
+    assert dag.get_task("select_layer_1").approval_task_id == "approve"
+
+    eager = build("apv_eager", registry(log), eager=True)
+    assert eager.get_task("nodes").upstream_task_ids == {"plan", "approve"}
+    assert eager.get_task("nodes").trigger_rule == "none_failed_min_one_success"
+
+    assert "approve" not in build("apv_safe", registry(log, risky=False)).task_ids
+    assert "approve" not in build("apv_never", registry(log), approval="never").task_ids
+    always = build("apv_always", registry(log, risky=False), approval="always")
+    assert "approve" in always.task_ids
+    # tools named by a spec string are not imported at parse time: the task decides at run time
+    spec = build("apv_spec", "airflow_plan_provider.example.tools:registry")
+    assert "approve" in spec.task_ids
+    assert build("apv_none", registry(log, risky=False)).get_task("layer_0").trigger_rule == "all_success"
+    with pytest.raises(ValueError, match="approval must be one of"):
+        build("apv_bad", registry(log), approval="maybe")
+    with pytest.raises(ValueError, match="approval_timeout"):
+        build("apv_bad_timeout", registry(log), approval_timeout=timedelta(0))
+    with pytest.raises(ValueError, match="approver"):
+        build("apv_bad_approver", registry(log), approvers=[{"name": "no id"}])
+
+
+@pytest.mark.airflow
+def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) -> None:
+    from tests.airflow_support import run_dag, task_states, xcom
+
+    log = CallLog(tmp_path)
+    run = run_dag(build("apv_not_needed", registry(log)), {"goal": "g"})
+    states = task_states(run)
+    assert str(run.state) == "success"
+    assert states["approve"] == "skipped" and states["layer_0[0]"] == "success"
+    assert xcom(run, "approve", key="approval") == {
+        "status": "not_needed",
+        "revision": 0,
+        "approved_earlier": [],
+    }
+    result = xcom(run, "finalize")
+    assert result["status"] == "completed" and result["approvals"] == []
+    assert [e["type"] for e in result["events"]][:2] == ["plan.created", "approval.not_needed"]
+    assert log.count("read") == 1
