@@ -210,6 +210,8 @@ class SessionApi:
                 break
         if result is None:
             raise FreezeError(f"session {root!r} of DAG {dag_id!r} has no result (is it still running?)")
+        if result.get("status") == "replanned":  # the root run handed over and its chain goes on
+            raise FreezeError(f"session {root!r} of DAG {dag_id!r} has not finished (it replanned)")
         if result.get("status") != "completed":
             raise FreezeError(
                 f"session {root!r} of DAG {dag_id!r} ended {result.get('status')} "

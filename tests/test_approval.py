@@ -191,6 +191,12 @@ def test_a_request_no_node_depends_on_does_not_fail_a_session_that_cannot_replan
     moot = {"1": record("1", replan_requested=True, error="moot"), "3": record("3")}
     moot["5"] = NodeRecord(node_id="5", status="skipped")
     assert conclude(plan, moot, off).kind == "give_up"
+    # the plan built into a DAG (frozen) is never replanned, whatever the budget says
+    frozen = SessionState(plan_source="dag")
+    assert conclude(plan, records, frozen).kind == "done"
+    gave_up = conclude(plan, moot, frozen)
+    assert (gave_up.kind, gave_up.reason) == ("give_up", "replan_unavailable")
+    assert "built into this DAG" in gave_up.message
 
 
 # --- the approve task in the DAG -------------------------------------------------------------------------
@@ -262,5 +268,7 @@ def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) ->
     }
     result = xcom(run, "finalize")
     assert result["status"] == "completed" and result["approvals"] == []
-    assert [e["type"] for e in result["events"]][:2] == ["plan.created", "approval.not_needed"]
+    types = [e["type"] for e in result["events"]]
+    assert types[:3] == ["plan.created", "plan.validated", "approval.not_needed"]
+    assert types.index("approval.not_needed") < types.index("node.started")
     assert log.count("read") == 1
