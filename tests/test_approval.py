@@ -236,13 +236,31 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     assert eager.get_task("nodes").upstream_task_ids == {"plan", "approve"}
     assert eager.get_task("nodes").trigger_rule == "none_failed_min_one_success"
 
+    # with a pooled tool, every first node task (each lane's) waits for the answer, and so does every
+    # select task that would otherwise start before it
+    pooled = build(
+        "apv_pooled",
+        scripted_registry(
+            ScriptedTool("read", log=log, returns=1, pool="ticket_api"),
+            ScriptedTool("purge", log=log, returns=2, needs_approval=True),
+        ),
+    )
+    assert pooled.get_task("approve").downstream_task_ids == {
+        "layer_0",
+        "layer_0__ticket_api",
+        "select_layer_0__ticket_api",
+        "select_layer_1",
+        "select_layer_1__ticket_api",
+    }
+    assert pooled.get_task("layer_0__ticket_api").trigger_rule == "none_failed_min_one_success"
+    assert pooled.get_task("select_layer_1__ticket_api").approval_task_id == "approve"
+
     assert "approve" not in build("apv_safe", registry(log, risky=False)).task_ids
     assert "approve" not in build("apv_never", registry(log), approval="never").task_ids
     always = build("apv_always", registry(log, risky=False), approval="always")
     assert "approve" in always.task_ids
-    # tools named by a spec string are not imported at parse time: the task decides at run time
-    spec = build("apv_spec", "airflow_plan_provider.example.tools:registry")
-    assert "approve" in spec.task_ids
+    # tools named by a spec string are loaded when the DAG is built: the demo's tools are not risky
+    assert "approve" not in build("apv_spec", "airflow_plan_provider.example.tools:registry").task_ids
     assert build("apv_none", registry(log, risky=False)).get_task("layer_0").trigger_rule == "all_success"
     with pytest.raises(ValueError, match="approval must be one of"):
         build("apv_bad", registry(log), approval="maybe")
