@@ -8,7 +8,6 @@ PostgreSQL (127.0.0.1:5432, trust auth for ``postgres``) and Redis (127.0.0.1:63
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,24 +18,18 @@ from airflow_plan_provider.testing.cluster import AirflowCluster, pid_alive
 from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
-from tests.e2e.conftest import require_postgres_and_redis
+from tests.e2e.conftest import CELERY_WORKERS, celery_cluster
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "plan_and_execute"
 GOAL = "find why the payment API got slow yesterday and write a report"
-WORKERS = ("worker-a", "worker-b")
-BROKER = "redis://127.0.0.1:6379/5"
 
 
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, PostgresDatabase]]:
-    require_postgres_and_redis()
     base = tmp_path_factory.mktemp("celery")
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
     extra = {
         "PLAN_REPORT_DIR": str(base / "reports"),
         "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
@@ -45,22 +38,10 @@ def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCl
         # 2-core machine that took over 30 s, tripping the runner watchdog (an error-level line).
         "AIRFLOW__TRIGGERER__RUNNER_HEALTH_CHECK_THRESHOLD": "120",
     }
-    t0 = time.monotonic()
-    with (
-        PostgresDatabase() as db,
-        AirflowCluster(
-            dags,
-            env=extra,
-            database_url=db.url,
-            broker_url=BROKER,
-            celery_workers=WORKERS,
-            # Two slots each: the four independent queries of the first layer cannot all fit on one.
-            worker_concurrency=2,
-        ) as running,
-    ):
-        running.wait_for_dag(EXAMPLE, timeout=180)
-        running.unpause(EXAMPLE)
-        print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
+    # Two slots per worker: the four independent queries of the first layer cannot all fit on one.
+    with celery_cluster(
+        base, [ROOT / "dags" / "plan_and_execute.py"], [EXAMPLE], env=extra, worker_concurrency=2
+    ) as (running, db):
         yield running, db
 
 
@@ -87,7 +68,7 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
     ran = [(run_id, ti) for run_id, ti in tis if ti["hostname"]]
     assert {ti["state"] for _, ti in ran} == {"success", "skipped"}  # nodes 5 and 6 of the first plan
     assert {ti["queue"] for _, ti in ran} == {cluster.queue}
-    assert {ti["hostname"] for _, ti in ran} <= set(WORKERS)
+    assert {ti["hostname"] for _, ti in ran} <= set(CELERY_WORKERS)
 
     node_hosts = {
         (run_id, ti["rendered_map_index"].split(" · ")[0]): ti["hostname"]
@@ -96,7 +77,7 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
     }
     print(f"[e2e] node hosts: {sorted(node_hosts.items())}")
     assert len(node_hosts) == 4 + 6  # the root run's queries, then the whole revised plan
-    assert set(node_hosts.values()) == set(WORKERS), node_hosts
+    assert set(node_hosts.values()) == set(CELERY_WORKERS), node_hosts
 
     # A node's record names the worker that ran it, where records carry a hostname.
     for record in result["history"]:
@@ -115,7 +96,7 @@ def test_stop_ends_every_process_and_the_database_is_dropped(
     cluster, db = celery
     pids = cluster.all_pids()
     roots = cluster.pids
-    assert set(roots) == {"api-server", "dag-processor", "scheduler", "triggerer", *WORKERS}
+    assert set(roots) == {"api-server", "dag-processor", "scheduler", "triggerer", *CELERY_WORKERS}
     worker_children = {p for p in pids if p not in roots.values()}
     assert worker_children  # Celery's pool processes, the API server's workers, ...
     cluster.stop()

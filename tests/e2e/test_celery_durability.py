@@ -14,7 +14,6 @@ PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) must be running; ``.ci/ru
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,18 +25,15 @@ import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.logs import error_lines
-from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.sessions import session_result
-from tests.e2e.conftest import require_postgres_and_redis
+from tests.e2e.conftest import CELERY_WORKERS, celery_cluster
 
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).resolve().parent / "dags" / "lost_worker_dags.py"
 DAG_ID = "e2e_lost_worker"  # as in dags/lost_worker_dags.py
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # as in dags/lost_worker_dags.py
-WORKERS = ("worker-a", "worker-b")
-BROKER = "redis://127.0.0.1:6379/5"
 HEARTBEAT_TIMEOUT = 20
 # A task whose worker died stops heartbeating; the scheduler fails (and so retries) it once its last
 # heartbeat is older than the timeout, checking every detection interval (defaults 300 s and 10 s).
@@ -51,27 +47,10 @@ TARGETS = {"plan": ("plan", -1), "node": ("layer_0", 0), "finalize": ("finalize"
 
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, CallLog]]:
-    require_postgres_and_redis()
     base = tmp_path_factory.mktemp("lost-worker")
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(DAG_FILE, dags)
     calls = base / "calls"
-    t0 = time.monotonic()
-    with (
-        PostgresDatabase() as db,
-        AirflowCluster(
-            dags,
-            env={CALL_LOG_ENV: str(calls), **LOST_TASK_SETTINGS},
-            database_url=db.url,
-            broker_url=BROKER,
-            celery_workers=WORKERS,
-            worker_concurrency=2,
-        ) as running,
-    ):
-        running.wait_for_dag(DAG_ID, timeout=180)
-        running.unpause(DAG_ID)
-        print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
+    env = {CALL_LOG_ENV: str(calls), **LOST_TASK_SETTINGS}
+    with celery_cluster(base, [DAG_FILE], [DAG_ID], env=env, worker_concurrency=2) as (running, _db):
         yield running, CallLog(calls / DAG_ID)
 
 
@@ -119,7 +98,7 @@ def test_sessions_complete_after_their_worker_is_killed_in_plan_node_and_finaliz
         TARGETS, ("running", 1)
     )
     victims = sorted({ti["hostname"] for ti in hosts.values()})
-    assert set(victims) <= set(WORKERS), victims
+    assert set(victims) <= set(CELERY_WORKERS), victims
     print(f"\n[e2e] held tasks run on {[(h, ti['hostname']) for h, ti in hosts.items()]}")
     killed_at = time.time()
     for worker in victims:
@@ -137,7 +116,7 @@ def test_sessions_complete_after_their_worker_is_killed_in_plan_node_and_finaliz
         task_id, map_index = TARGETS[hold]
         ti = task_instance(cluster, run_id, task_id, map_index)
         assert ti["try_number"] == 2 and ti["state"] == "success", (hold, ti)
-        assert ti["hostname"] in WORKERS
+        assert ti["hostname"] in CELERY_WORKERS
         run = cluster.get_run(DAG_ID, run_id)
         print(
             f"[e2e] {hold}: killed on {hosts[hold]['hostname']}; try 2 started "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import secrets
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -26,15 +25,12 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.postgres import PostgresDatabase
 from airflow_plan_provider.testing.sessions import session_result
-from tests.e2e.conftest import require_postgres_and_redis
+from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).parent / "dags" / "pool_dags.py"
-WORKERS = ("worker-a", "worker-b")
-BROKER = "redis://127.0.0.1:6379/5"
 GAUGE = "redis://127.0.0.1:6379/6"
 SESSIONS = 10
 POOL_SLOTS = 3
@@ -67,8 +63,6 @@ def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     import redis
 
     base = tmp_path_factory.mktemp("celery-load")
-    (base / "dags").mkdir()
-    shutil.copy(DAG_FILE, base / "dags")
     store = base / "artifacts"
     prefix = f"plan-e2e-gauge-{secrets.token_hex(4)}"
     keys = dags.gauge_keys(prefix)
@@ -78,29 +72,20 @@ def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         dags.GAUGE_PREFIX_ENV: prefix,
         "PLAN_ARTIFACT_STORE": f"file://{store}",
     }
-    t0 = time.monotonic()
     try:
-        with (
-            PostgresDatabase() as db,
-            AirflowCluster(
-                base / "dags",
-                env=env,
-                database_url=db.url,
-                broker_url=BROKER,
-                celery_workers=WORKERS,
-                worker_concurrency=8,
-                parallelism=32,
-            ) as running,
-        ):
+        with celery_cluster(
+            base,
+            [DAG_FILE],
+            ("e2e_pool_load", "e2e_pool_eager"),
+            env=env,
+            worker_concurrency=8,
+            parallelism=32,
+        ) as (running, _db):
             running.api(
                 "POST",
                 "/pools",
                 {"name": dags.POOL, "slots": POOL_SLOTS, "description": "e2e", "include_deferred": False},
             )
-            for dag_id in ("e2e_pool_load", "e2e_pool_eager"):
-                running.wait_for_dag(dag_id, timeout=180)
-                running.unpause(dag_id)
-            print(f"\n[e2e] celery cluster ready in {time.monotonic() - t0:.1f}s (db={db.name})")
             yield Cluster(running, gauge, keys, store)
     finally:
         gauge.delete(*keys.values())
@@ -132,7 +117,7 @@ def test_ten_sessions_of_twenty_nodes_with_a_pool_of_three(celery: Cluster) -> N
         assert result["outputs"] == dags.expected_outputs(session)
         records = {r["node_id"]: r for r in result["history"]}
         assert len(records) == 20 and {r["status"] for r in records.values()} == {"success"}
-        assert {r["hostname"] for r in records.values()} <= set(WORKERS)
+        assert {r["hostname"] for r in records.values()} <= set(CELERY_WORKERS)
 
         tis = [ti for ti in cluster.task_instances("e2e_pool_load", run_id) if ti["map_index"] >= 0]
         by_node = {ti["rendered_map_index"].split(" · ")[0]: ti for ti in tis}
@@ -147,7 +132,7 @@ def test_ten_sessions_of_twenty_nodes_with_a_pool_of_three(celery: Cluster) -> N
             if pooled:
                 api_hosts.add(ti["hostname"])
     # the limit held across processes on both workers, not within one
-    assert api_hosts == set(WORKERS)
+    assert api_hosts == set(CELERY_WORKERS)
     # every node saved its checkpoint in the store every worker was given
     assert len(list((celery.store / "checkpoints").glob("*.json"))) == SESSIONS * 20
 
