@@ -19,7 +19,7 @@ _EXPORTS = {
     "Node": "airflow_plan_provider.plan.model",
     "PermanentToolError": "airflow_plan_provider.exceptions",
     "Plan": "airflow_plan_provider.plan.model",
-    "PlanDiff": "airflow_plan_provider.plan.replan",
+    "PlanDiff": "airflow_plan_provider.plan.merge",
     "PlanProviderError": "airflow_plan_provider.exceptions",
     "PlanRequest": "airflow_plan_provider.planners.base",
     "PlanValidationError": "airflow_plan_provider.exceptions",
@@ -34,8 +34,8 @@ _EXPORTS = {
     "TransientToolError": "airflow_plan_provider.exceptions",
     "ValidatedPlan": "airflow_plan_provider.plan.model",
     "build_plan_dag": "airflow_plan_provider.dag_factory",
-    "merge_replan": "airflow_plan_provider.plan.replan",
-    "plan_diff": "airflow_plan_provider.plan.replan",
+    "merge_replan": "airflow_plan_provider.plan.merge",
+    "plan_diff": "airflow_plan_provider.plan.merge",
     "validate_plan": "airflow_plan_provider.plan.validate",
 }
 

@@ -35,7 +35,9 @@ from typing import Any
 from airflow.sdk import DAG, Param, TriggerRule
 
 from airflow_plan_provider import artifacts
-from airflow_plan_provider.operators._xcom import (
+from airflow_plan_provider.operators.approval import Approver, PlanApprovalOperator
+from airflow_plan_provider.operators.finalize import FinalizePlanOperator
+from airflow_plan_provider.operators.layout import (
     APPROVE_TASK,
     EAGER_TASK,
     FINALIZE_TASK,
@@ -46,12 +48,11 @@ from airflow_plan_provider.operators._xcom import (
     layer_task_id,
     select_task_id,
 )
-from airflow_plan_provider.operators.approval import Approver, PlanApprovalOperator
-from airflow_plan_provider.operators.finalize import FinalizePlanOperator
-from airflow_plan_provider.operators.node import NODE_LABEL, LayerSelectOperator, PlanNodeOperator
-from airflow_plan_provider.operators.planning import PlanOperator
+from airflow_plan_provider.operators.node import NODE_LABEL, PlanNodeOperator
+from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.retry import ToolRetryPolicy
+from airflow_plan_provider.operators.select import LayerSelectOperator
 from airflow_plan_provider.plan.approval import APPROVAL_MODES, ApprovalMode
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
@@ -77,7 +78,7 @@ class ControlRetries:
 
     They fail for good on their own verdicts (an invalid plan, a failed session); a retry is for a
     lost worker (killed, evicted, out of memory) or an unexpected error, and every one of them is safe
-    to run again: planning plans again (see :class:`~airflow_plan_provider.operators.planning.PlanOperator`
+    to run again: planning plans again (see :class:`~airflow_plan_provider.operators.plan_task.PlanOperator`
     for the plan it reuses), select and finalize recompute from what the earlier tasks recorded, and
     replan waits for the run an earlier try started instead of starting another. The default retries
     three times, five seconds apart: a lost task costs the heartbeat timeout that notices it plus a few

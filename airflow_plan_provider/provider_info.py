@@ -57,7 +57,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Plan",
                 "python-modules": [
-                    "airflow_plan_provider.operators.planning",
+                    "airflow_plan_provider.operators.plan_task",
                     "airflow_plan_provider.operators.node",
                     "airflow_plan_provider.operators.finalize",
                     "airflow_plan_provider.operators.replan",

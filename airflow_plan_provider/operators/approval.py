@@ -24,7 +24,7 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_plan_provider.operators._xcom import APPROVAL_KEY, APPROVE_TASK, pull_plan, pull_session
+from airflow_plan_provider.operators.layout import APPROVAL_KEY, APPROVE_TASK, pull_plan, pull_session
 from airflow_plan_provider.plan.approval import (
     APPROVAL_MODES,
     Approval,

@@ -9,7 +9,8 @@ from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_plan_provider.operators._telemetry import emit
-from airflow_plan_provider.operators._xcom import (
+from airflow_plan_provider.operators.approval import record_approval_outcome
+from airflow_plan_provider.operators.layout import (
     PLAN_TASK,
     PLANNING_ERROR_KEY,
     REPLAN_CONF_KEY,
@@ -19,7 +20,6 @@ from airflow_plan_provider.operators._xcom import (
     pull_plan,
     pull_session,
 )
-from airflow_plan_provider.operators.approval import record_approval_outcome
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan

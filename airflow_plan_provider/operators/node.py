@@ -15,23 +15,20 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.operators._telemetry import emit, span
-from airflow_plan_provider.operators._xcom import (
-    APPROVAL_KEY,
+from airflow_plan_provider.operators.layout import (
     NODE_KEY,
-    approval_lets_nodes_run,
     locations,
-    node_tasks,
     pull_node_record,
     pull_plan,
     pull_session,
 )
 from airflow_plan_provider.plan.budgets import step_allowed
+from airflow_plan_provider.plan.decisions import NodeStatus, decide
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, make_event
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import Event, now, summarize
 from airflow_plan_provider.plan.session import SessionState
-from airflow_plan_provider.plan.state import NodeStatus, decide
 from airflow_plan_provider.tools.jobs import callable_path
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.job import ToolJobTrigger
@@ -469,30 +466,3 @@ def _without_missing(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_missing(v) for v in value]
     return value
-
-
-class LayerSelectOperator(BaseOperator):
-    """Return the node ids the node task ``node_task`` maps in this run (see ``_xcom.node_tasks``):
-    one layer's nodes in one lane; empty when the plan is shallower or has no such node.
-
-    Runs beside the layer before, and skips itself (so its node task is skipped) when planning failed,
-    or when the DAG asks for approval (``approval_task_id``) and the plan was not approved.
-    """
-
-    ui_color = "#f0f0f0"
-
-    def __init__(self, *, node_task: str, approval_task_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.node_task = node_task
-        self.approval_task_id = approval_task_id
-
-    def execute(self, context: Any) -> list[str]:
-        ti = context["ti"]
-        plan = pull_plan(ti)
-        if plan is None:
-            raise AirflowSkipException("planning did not publish a plan")
-        if self.approval_task_id and not approval_lets_nodes_run(
-            ti.xcom_pull(task_ids=self.approval_task_id, key=APPROVAL_KEY)
-        ):
-            raise AirflowSkipException("the plan was not approved")
-        return node_tasks(plan, pull_session(ti)).get(self.node_task, [])

@@ -13,7 +13,7 @@ from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID, Tri
 from airflow.providers.standard.triggers.external_task import DagStateTrigger
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_plan_provider.operators._xcom import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
+from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
 
 
 def replan_run_id(root_run_id: str, revision: int) -> str:

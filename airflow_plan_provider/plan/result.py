@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Usage
-from airflow_plan_provider.plan.replan import PlanDiff
+from airflow_plan_provider.plan.merge import PlanDiff
 
 SUMMARY_CHARS = 400
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Budgets, Usage
+from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import (
@@ -26,7 +27,6 @@ from airflow_plan_provider.plan.result import (
     SessionResult,
     summarize,
 )
-from airflow_plan_provider.plan.state import NodeStatus
 
 
 class LockedOutput(BaseModel):

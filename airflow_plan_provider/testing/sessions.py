@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_plan_provider.operators._xcom import EAGER_TASK, LANE_SEPARATOR
+from airflow_plan_provider.operators.layout import EAGER_TASK, LANE_SEPARATOR
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 
 

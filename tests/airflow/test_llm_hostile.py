@@ -21,7 +21,7 @@ from airflow_plan_provider.hooks.llm import PlanLLMHook
 from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.planners.llm import LLMPlanner
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, chat_completion
-from tests.test_llm_planner import good_plan, planner_for, request, run, wire_node
+from tests.unit.test_llm_planner import good_plan, planner_for, request, run, wire_node
 
 KEY = "sk-proj-Q7vN2pLx9RkT4wZb8YcJ3mHs6FdG1aEu5KoWqVr0XyIiPl"
 
@@ -192,7 +192,7 @@ def test_content_parts_and_lone_surrogates_are_read(server: OpenAITestServer) ->
 def test_escaped_lone_surrogate_in_the_plan_does_not_break_the_repair_request(
     server: OpenAITestServer,
 ) -> None:
-    # found by tests/test_fuzz_llm.py; before: "UnicodeEncodeError: 'utf-8' codec can't encode character
+    # found by tests/unit/test_fuzz_llm.py; before: "UnicodeEncodeError: 'utf-8' codec can't encode character
     # '\\ud800'" while sending the repair request that quoted the problem "unknown top-level field"
     server.reply('{"\\ud800": null, "nodes": []}').reply(good_plan())
     outcome = run(planner_for(server))
@@ -392,7 +392,7 @@ def test_planning_task_records_the_reason_and_no_piece_of_the_key(
     from airflow_plan_provider.dag_factory import build_plan_dag
     from airflow_plan_provider.testing import CallLog, scripted_registry
     from airflow_plan_provider.testing.seed import seed_tools
-    from tests.airflow_support import run_dag, xcom
+    from tests.airflow.support import run_dag, xcom
 
     server.add(script)
     planner = LLMPlanner(base_url=server.base_url, api_key=KEY, model="test-model", max_retries=0)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow_support import run_chain, run_dag, xcom
+from tests.airflow.support import run_chain, run_dag, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -163,7 +163,7 @@ def test_planning_lost_mid_call_asks_the_planner_again(tmp_path):
 
 def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
     from airflow_plan_provider import dag_factory
-    from airflow_plan_provider.operators.planning import ACCEPTED_REPLY_KEY, PlanOperator
+    from airflow_plan_provider.operators.plan_task import ACCEPTED_REPLY_KEY, PlanOperator
 
     monkeypatch.setattr(dag_factory, "PlanOperator", lost_after(PlanOperator))
     log = CallLog(tmp_path / "calls")
@@ -315,13 +315,13 @@ def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path
     ],
 )
 def test_a_kept_reply_of_another_shape_is_not_reused(value):
-    from airflow_plan_provider.operators.planning import _kept_reply
+    from airflow_plan_provider.operators.plan_task import _kept_reply
 
     assert _kept_reply(value) is None
 
 
 def test_a_kept_reply_is_reused_as_stored():
-    from airflow_plan_provider.operators.planning import _kept_reply
+    from airflow_plan_provider.operators.plan_task import _kept_reply
 
     kept = {"reply": LINEAR, "attempts": 2, "usage": [{"prompt_tokens": 9}], "rejected": [[{"code": "x"}]]}
     assert _kept_reply(kept) == kept

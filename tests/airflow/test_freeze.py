@@ -30,7 +30,7 @@ from airflow_plan_provider.freeze import (
     source_from_plan,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DAILY = ROOT / "dags" / "daily_payment_report.py"
 TOOLS = "airflow_plan_provider.example.tools:registry"
 DAY = "{{ macros.ds_add(ds, -1) }}"
@@ -224,7 +224,7 @@ def load_dag_file(path: Path, name: str) -> Any:
 
 @pytest.mark.airflow
 def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> None:
-    from tests.airflow_support import run_chain, run_dag, xcom
+    from tests.airflow.support import run_chain, run_dag, xcom
 
     example = load_dag_file(ROOT / "dags" / "plan_and_execute.py", "plan_and_execute_source")
     source_runs = run_chain(example.plan_and_execute, {"goal": example.GOAL})
@@ -270,7 +270,7 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
 def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tmp_path: Path) -> None:
     from airflow_plan_provider.dag_factory import build_plan_dag
     from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
-    from tests.airflow_support import run_dag, task_states, xcom
+    from tests.airflow.support import run_dag, task_states, xcom
 
     log = CallLog(tmp_path)
     tools = scripted_registry(ScriptedTool("echo", log=log, returns=lambda params: params))

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow_support import run_chain, run_dag, xcom
+from tests.airflow.support import run_chain, run_dag, xcom
 
 pytestmark = pytest.mark.airflow
 

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
-from tests.airflow_support import run_chain, task_states, xcom
+from tests.airflow.support import run_chain, task_states, xcom
 
 pytestmark = pytest.mark.airflow
 

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_plan_provider.tools.registry import ENTRY_POINT_GROUP, load_tools
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_installs_no_tool_registry() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_plan_provider"
 CORE_DIRS = ("plan", "tools")
 CORE_FILES = ("planners/base.py", "cli.py")

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.operators._xcom import dag_lanes, lane_of, locations, node_location, node_tasks
+from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations, node_location, node_tasks
 from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import Tool
 from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finished_states
-from tests.airflow_support import run_chain, run_dag, xcom
+from tests.airflow.support import run_chain, run_dag, xcom
 
 API = "rate_limited_api"
 HEAVY_LANE = f"{API}__x2"
@@ -108,7 +108,7 @@ def node_tis(run: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def pools() -> None:
     """The pools the pooled tools name (dag.test does not need them; a scheduler would)."""
-    from tests.airflow_support import migrate_db
+    from tests.airflow.support import migrate_db
 
     migrate_db()
     from airflow.models.pool import Pool

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
-from airflow_plan_provider.operators._xcom import (
+from airflow_plan_provider.operators.layout import (
     EAGER_TASK,
     FINALIZE_TASK,
     PLAN_KEY,
@@ -38,12 +38,12 @@ from airflow_plan_provider.operators._xcom import (
 from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.budgets import Budgets
+from airflow_plan_provider.plan.decisions import affected_subgraph
+from airflow_plan_provider.plan.merge import merge_replan, plan_diff
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, describe
-from airflow_plan_provider.plan.replan import merge_replan, plan_diff
 from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState, statuses_of
-from airflow_plan_provider.plan.state import affected_subgraph
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import (
     LockedNode,

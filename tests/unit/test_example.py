@@ -24,9 +24,9 @@ from airflow_plan_provider.example.tools import (
     write_report,
 )
 from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested, ToolError
+from airflow_plan_provider.plan.merge import PlanDiff, merge_replan
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, resolve
-from airflow_plan_provider.plan.replan import PlanDiff, merge_replan
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.planners.base import LockedNode, PlanRequest
 from airflow_plan_provider.planners.rules import (

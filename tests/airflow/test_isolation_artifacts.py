@@ -21,7 +21,7 @@ import pytest
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
-from tests.airflow_support import run_chain, run_dag, task_states, xcom
+from tests.airflow.support import run_chain, run_dag, task_states, xcom
 
 NODE_KEY = "node"
 

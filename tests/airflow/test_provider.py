@@ -12,7 +12,7 @@ import pytest
 
 import airflow_plan_provider
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_public_surface_is_sorted_and_importable():

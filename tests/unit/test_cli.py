@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STRUCTURE_ONLY = "airflow-plan: no --tools given: checked the plan's structure only, not its tools or params"
 
 SEED_PLAN: dict[str, Any] = {

@@ -18,7 +18,7 @@ from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.hooks.llm import redact
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, chat_completion
-from tests.test_llm_planner import good_plan, planner_for, request, run
+from tests.unit.test_llm_planner import good_plan, planner_for, request, run
 
 KEY = "sk-fuzz-Hq3Lm8Zt2Vb6Nc1Xw9Pk4Rj7Ys5Df0Ga"
 PIECES = [KEY, KEY[:12], KEY[6:30], KEY[-9:], KEY[3:11]]

@@ -127,7 +127,7 @@ def test_building_a_dag_warns_once_per_process_on_a_distributed_executor(
 def test_the_planning_task_log_warns_on_a_distributed_executor(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_store_env: None
 ) -> None:
-    from tests.airflow_support import run_dag, xcom
+    from tests.airflow.support import run_dag, xcom
 
     dag = _build("store_warning_task", tmp_path)
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
@@ -138,5 +138,5 @@ def test_the_planning_task_log_warns_on_a_distributed_executor(
     # the task log (printed by dag.test): one warning line, from the planning task
     lines = [line for line in capsys.readouterr().out.splitlines() if CELERY_WARNING in line]
     assert len(lines) == 1, lines
-    assert "[warning" in lines[0] and "operators.planning.PlanOperator" in lines[0]
+    assert "[warning" in lines[0] and "operators.plan_task.PlanOperator" in lines[0]
     assert "CeleryExecutor may run tasks on other machines" in lines[0]

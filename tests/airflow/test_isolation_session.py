@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow_support import run_chain, run_dag, run_xcoms, task_states, xcom
+from tests.airflow.support import run_chain, run_dag, run_xcoms, task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -271,14 +271,14 @@ def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest
 
 @pytest.mark.parametrize("attempts", [-1, -5, 1.5, True, "2"])
 def test_repair_attempts_must_be_a_count(attempts: Any) -> None:
-    from airflow_plan_provider.operators.planning import PlanOperator
+    from airflow_plan_provider.operators.plan_task import PlanOperator
 
     with pytest.raises(ValueError, match="repair_attempts"):
         PlanOperator(task_id="plan", planner=None, repair_attempts=attempts)
 
 
 def test_repair_attempts_zero_is_allowed() -> None:
-    from airflow_plan_provider.operators.planning import PlanOperator
+    from airflow_plan_provider.operators.plan_task import PlanOperator
 
     assert PlanOperator(task_id="plan", planner=None, repair_attempts=0).repair_attempts == 0
 
@@ -292,7 +292,7 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_same_json_holds_for_a_json_round_trip(value: Any) -> None:
-    from airflow_plan_provider.operators.planning import same_json
+    from airflow_plan_provider.operators.plan_task import same_json
 
     assert same_json(value, json.loads(json.dumps(value)))
 
@@ -312,14 +312,14 @@ def test_same_json_holds_for_a_json_round_trip(value: Any) -> None:
     ],
 )
 def test_same_json_examples(first: Any, second: Any, same: bool) -> None:
-    from airflow_plan_provider.operators.planning import same_json
+    from airflow_plan_provider.operators.plan_task import same_json
 
     assert same_json(first, second) is same
     assert same_json(second, first) is same
 
 
 def test_same_json_handles_deep_nesting() -> None:
-    from airflow_plan_provider.operators.planning import same_json
+    from airflow_plan_provider.operators.plan_task import same_json
 
     def nested(leaf: str) -> Any:
         value: Any = leaf

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.seed import seed_replan_story
-from tests.airflow_support import run_chain, xcom
+from tests.airflow.support import run_chain, xcom
 
 pytestmark = pytest.mark.airflow
 

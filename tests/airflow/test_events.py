@@ -17,7 +17,7 @@ import pytest
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
-from tests.airflow_support import run_chain, xcom
+from tests.airflow.support import run_chain, xcom
 
 pytestmark = pytest.mark.airflow
 

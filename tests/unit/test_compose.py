@@ -42,7 +42,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.load((ROOT / "docker-compose.yml").read_text(), Loader=_StrictLoader)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 AIRFLOW_HOME = "/opt/airflow"  # of the official image

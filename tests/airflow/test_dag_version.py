@@ -15,7 +15,7 @@ import pytest
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolRegistry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Parses a DAG folder the way the dag-processor does (DagBag) and writes, per DAG, Airflow's own
 # serialization and the hash that decides whether a new DAG version is written.

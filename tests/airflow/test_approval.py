@@ -20,7 +20,7 @@ from airflow_plan_provider.plan.approval import (
     nodes_to_approve,
     request_text,
 )
-from airflow_plan_provider.plan.replan import merge_replan
+from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import SessionState, conclude, record_approval
 from airflow_plan_provider.plan.validate import validate_plan
@@ -272,7 +272,7 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
 
 @pytest.mark.airflow
 def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) -> None:
-    from tests.airflow_support import run_dag, task_states, xcom
+    from tests.airflow.support import run_dag, task_states, xcom
 
     log = CallLog(tmp_path)
     run = run_dag(build("apv_not_needed", registry(log)), {"goal": "g"})

@@ -15,7 +15,7 @@ from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.plugins.data import RunData, plan_view, session_chain
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.seed import seed_replan_story
-from tests.airflow_support import run_chain, task_states
+from tests.airflow.support import run_chain, task_states
 
 SEED_DAG = "view_seed_replan"
 

@@ -1,0 +1,43 @@
+"""The select tasks of layered mode: return the node ids one node task maps in this run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_plan_provider.operators.layout import (
+    APPROVAL_KEY,
+    approval_lets_nodes_run,
+    node_tasks,
+    pull_plan,
+    pull_session,
+)
+
+
+class LayerSelectOperator(BaseOperator):
+    """Return the node ids the node task ``node_task`` maps in this run (see ``layout.node_tasks``):
+    one layer's nodes in one lane; empty when the plan is shallower or has no such node.
+
+    Runs beside the layer before, and skips itself (so its node task is skipped) when planning failed,
+    or when the DAG asks for approval (``approval_task_id``) and the plan was not approved.
+    """
+
+    ui_color = "#f0f0f0"
+
+    def __init__(self, *, node_task: str, approval_task_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.node_task = node_task
+        self.approval_task_id = approval_task_id
+
+    def execute(self, context: Any) -> list[str]:
+        ti = context["ti"]
+        plan = pull_plan(ti)
+        if plan is None:
+            raise AirflowSkipException("planning did not publish a plan")
+        if self.approval_task_id and not approval_lets_nodes_run(
+            ti.xcom_pull(task_ids=self.approval_task_id, key=APPROVAL_KEY)
+        ):
+            raise AirflowSkipException("the plan was not approved")
+        return node_tasks(plan, pull_session(ti)).get(self.node_task, [])
