@@ -1,24 +1,32 @@
-"""``airflow-plan``: check plans and freeze sessions from the command line, without Airflow.
+"""``airflow-plan``: check, run and freeze plans from the command line, without Airflow.
 
 ::
 
-    airflow-plan validate PLAN.json [--tools module:attr|entry-point-name] [--max-nodes N] [--max-depth N]
-                                    [--max-bytes N]
+    airflow-plan validate PLAN.json [--tools SPEC] [--max-nodes N] [--max-depth N] [--max-bytes N]
     airflow-plan freeze (PLAN.json | --api URL --source-dag DAG --source-run RUN [--token T | --user U])
                         --tools module:attr --dag-id ID --schedule SCHEDULE [--start-date YYYY-MM-DD]
                         [--param [NODE.]NAME=VALUE ...] [--approval risky|always|never] [-o FILE]
+    airflow-plan run PLAN.json --tools SPEC [--max-workers N] [--max-steps N] [--json]
+                               [--max-nodes N] [--max-depth N] [--max-bytes N]
+
+``validate`` exits with status 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per
+problem on stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an
+unreadable or too large file (over ``--max-bytes``, default 16 MiB) or tools that cannot be loaded (one
+line naming the module and its error). ``-`` reads the plan from stdin. Without ``--tools`` only the plan's
+structure is checked (tool names and params are not), and a last line on stderr says so.
+
+``run`` validates the plan as ``validate`` does, runs it in this process on ``--max-workers`` threads
+with the tools ``SPEC`` names (:mod:`airflow_plan_provider.plan.executor`: the plan DAG's rules, no
+Airflow) and prints the SessionResult (a summary, or with ``--json`` the JSON). Exit status 0 when the
+session completed, 1 when it failed, 2 for bad input (an unreadable or invalid plan, tools that cannot
+be loaded). A tools ``SPEC`` is ``module:attribute``, ``path/to/file.py:attribute`` or an installed
+entry-point name.
 
 ``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
 call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or
 ``$AIRFLOW_PLAN_API_TOKEN``; or a user (``--user`` or ``$AIRFLOW_PLAN_API_USER``) logs in with
 ``$AIRFLOW_PLAN_API_PASSWORD``. Exit status 0 when written; 1 when the session or plan cannot be frozen
 (not completed, invalid, a secret in its params; the reason on stderr); 2 for usage errors.
-
-Exit status: 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per problem on
-stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an unreadable
-or too large file (over ``--max-bytes``, default 16 MiB) or tools that cannot be loaded (one line
-naming the module and its error). ``-`` reads the plan from stdin. Without ``--tools`` only the plan's
-structure is checked (tool names and params are not), and a last line on stderr says so.
 
 Everything written to the terminal has its control characters escaped (the escape character is printed
 as the four characters ``\\x1b``): plan keys, ids and messages are untrusted text.
@@ -47,11 +55,14 @@ from airflow_plan_provider.freeze import (
     source_from_plan,
 )
 from airflow_plan_provider.plan.approval import APPROVAL_MODES
+from airflow_plan_provider.plan.budgets import Budgets
+from airflow_plan_provider.plan.executor import DEFAULT_WORKERS, local_session, run_plan
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
 EXIT_OK = 0
 EXIT_INVALID = 1
+EXIT_FAILED = 1  # run: the session failed
 EXIT_USAGE = 2
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -83,7 +94,6 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="airflow-plan", description="Work with plans outside Airflow.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    defaults = Limits()
     validate = commands.add_parser(
         "validate",
         help="check a plan and print its layers",
@@ -93,26 +103,41 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--tools",
         metavar="SPEC",
-        help="tool registry as module:attribute or an installed entry-point name; "
-        "when given, unknown tools and bad params are problems (without it tools are not checked)",
+        help="tool registry as module:attribute, path/to/file.py:attribute or an installed entry-point "
+        "name; when given, unknown tools and bad params are problems (without it tools are not checked)",
     )
-    validate.add_argument(
+    _add_plan_limits(validate)
+    _add_freeze(commands)
+    _add_run(commands)
+    return parser
+
+
+def _add_plan_limits(command: argparse.ArgumentParser) -> None:
+    """The limits a plan is validated with, and the most bytes of it read."""
+    defaults = Limits()
+    command.add_argument(
         "--max-nodes", type=_positive_int, default=defaults.max_nodes, help="default: %(default)s"
     )
-    validate.add_argument(
+    command.add_argument(
         "--max-depth",
         type=_positive_int,
         default=defaults.max_depth,
         help="most layers; default: %(default)s",
     )
-    validate.add_argument(
+    _add_max_bytes(command)
+
+
+def _add_max_bytes(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "--max-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_BYTES,
         help="read at most this many bytes of PLAN; default: %(default)s (16 MiB)",
     )
-    _add_freeze(commands)
-    return parser
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(max_nodes=args.max_nodes, max_depth=args.max_depth)
 
 
 TOKEN_ENV = "AIRFLOW_PLAN_API_TOKEN"
@@ -148,9 +173,58 @@ def _add_freeze(commands: Any) -> None:
     )
     freeze.add_argument("--approval", choices=APPROVAL_MODES, help="approval mode of the new DAG")
     freeze.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    freeze.add_argument(
-        "--max-bytes", type=_positive_int, default=DEFAULT_MAX_BYTES, help="of PLAN; default: %(default)s"
+    _add_max_bytes(freeze)
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a plan in this process with a tool registry, and print its SessionResult",
+        description="Validate a plan, run it here on a thread pool (each node starts when its own parents "
+        "finish, by the rules of the plan DAG's node tasks) and print the SessionResult. Exit status 0 "
+        "when the session completed, 1 when it failed, 2 for bad input.",
     )
+    run.add_argument("plan", metavar="PLAN", help="plan JSON file, or - for stdin")
+    run.add_argument(
+        "--tools",
+        required=True,
+        metavar="SPEC",
+        help="tool registry as module:attribute, path/to/file.py:attribute or an installed entry-point name",
+    )
+    run.add_argument(
+        "--max-workers", type=_positive_int, default=DEFAULT_WORKERS, help="threads; default: %(default)s"
+    )
+    run.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        default=Budgets().max_steps,
+        help="node executions allowed; default: %(default)s",
+    )
+    run.add_argument("--json", action="store_true", help="print the SessionResult as JSON")
+    _add_plan_limits(run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    raw = _plan_bytes(args)
+    if isinstance(raw, int):
+        return raw
+    tools = _tools(args.tools)
+    if isinstance(tools, int):
+        return tools
+    try:
+        plan = validate_plan(raw, tools, _limits(args))
+    except PlanValidationError as error:
+        _say("airflow-plan: the plan is invalid; nothing ran:")
+        for problem in error.problems:
+            _say(str(problem))
+        return EXIT_USAGE
+    state = local_session(plan, Budgets(max_steps=args.max_steps))
+    result = run_plan(plan, tools, state=state, max_workers=args.max_workers)
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))  # ASCII: every control escaped
+    else:
+        print("\n".join(printable(line) for line in result.summary_text().splitlines()))
+    return EXIT_OK if result.status == "completed" else EXIT_FAILED
 
 
 def _iso_date(text: str) -> date:
@@ -173,22 +247,16 @@ def _freeze_source(args: argparse.Namespace) -> FrozenSource | int:
         return api.session(args.source_dag, args.source_run)
     if not args.plan:
         return _fail("freeze: give PLAN, or --api with --source-dag and --source-run")
-    name = "stdin" if args.plan == "-" else os.path.basename(args.plan)
-    try:
-        raw = _read_plan(args.plan, args.max_bytes)
-    except _TooLarge:
-        return _fail(f"{name} is larger than --max-bytes ({args.max_bytes} bytes)")
-    except OSError as error:
-        return _fail(f"cannot read {name}: {error.strerror or error}")
-    return source_from_plan(raw, name)
+    raw = _plan_bytes(args)
+    if isinstance(raw, int):
+        return raw
+    return source_from_plan(raw, "stdin" if args.plan == "-" else os.path.basename(args.plan))
 
 
 def _freeze(args: argparse.Namespace) -> int:
-    try:
-        tools = load_tools(args.tools)
-    except (Exception, SystemExit) as error:  # a tool module may raise anything: one line
-        detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
-        return _fail(f"cannot load tools {args.tools!r}: {detail}")
+    tools = _tools(args.tools)
+    if isinstance(tools, int):
+        return tools
     try:
         templates = [ParamTemplate.parse(text) for text in args.param]
         source = _freeze_source(args)
@@ -284,25 +352,40 @@ def _read_plan(source: str, limit: int) -> bytes:
         return _read_bounded(handle, limit)
 
 
-def _validate(args: argparse.Namespace) -> int:
+def _plan_bytes(args: argparse.Namespace) -> bytes | int:
+    """The bytes of ``args.plan`` (at most ``args.max_bytes``), or the exit status after saying why not."""
     name = "stdin" if args.plan == "-" else args.plan
     try:
-        raw = _read_plan(args.plan, args.max_bytes)
+        return _read_plan(args.plan, args.max_bytes)
     except _TooLarge:
         return _fail(f"{name} is larger than --max-bytes ({args.max_bytes} bytes); not validated")
     except OSError as error:
         return _fail(f"cannot read {name}: {error.strerror or error}")
+
+
+def _tools(spec: str) -> ToolRegistry | int:
+    """The registry ``spec`` names, or the exit status after one line saying why it cannot be loaded."""
+    try:
+        return load_tools(spec)
+    except (Exception, SystemExit) as error:  # a tool module may raise anything: one line, no traceback
+        # load_tools's ImportError already names the module and the error it raised
+        detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
+        return _fail(f"cannot load tools {spec!r}: {detail}")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    raw = _plan_bytes(args)
+    if isinstance(raw, int):
+        return raw
     tools: ToolRegistry | None = None
     if args.tools:
-        try:
-            tools = load_tools(args.tools)
-        except (Exception, SystemExit) as error:  # a tool module may raise anything: one line, no traceback
-            # load_tools's ImportError already names the module and the error it raised
-            detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
-            return _fail(f"cannot load tools {args.tools!r}: {detail}")
+        loaded = _tools(args.tools)
+        if isinstance(loaded, int):
+            return loaded
+        tools = loaded
     status = EXIT_OK
     try:
-        plan = validate_plan(raw, tools, Limits(max_nodes=args.max_nodes, max_depth=args.max_depth))
+        plan = validate_plan(raw, tools, _limits(args))
     except PlanValidationError as error:
         for problem in error.problems:
             _say(str(problem))  # one line per problem: newlines are escaped too
@@ -320,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _validate(args)
     if args.command == "freeze":
         return _freeze(args)
+    if args.command == "run":
+        return _run(args)
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,10 +22,10 @@ from airflow_plan_provider.operators.layout import (
     pull_session,
 )
 from airflow_plan_provider.plan.budgets import step_allowed
+from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, make_event
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
-from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import Event, now, summarize
 from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.tools.jobs import callable_path
@@ -49,21 +48,6 @@ OUTCOME_DETAILS = (
     "budget_exhausted",
     "checkpoint",
 )
-
-
-def idempotency_key(dag_id: str, root_run_id: str, node_id: str, tool: str, params: Any) -> str:
-    """The key of one node's call in one session: ``dag/root run/node/<hash of tool and params>``.
-
-    The same for every try, and for every revision in which the node is unchanged (same tool, same
-    declared params), so a side effect done before a failure is not repeated after a replan; different
-    as soon as a revision changes the node's call.
-
-    >>> idempotency_key("d", "run1", "n", "query", {"day": 1}) == idempotency_key(
-    ...     "d", "run1", "n", "query", {"day": 1})
-    True
-    """
-    call = json.dumps({"tool": tool, "params": params}, sort_keys=True, separators=(",", ":"))
-    return f"{dag_id}/{root_run_id}/{node_id}/{hashlib.sha256(call.encode()).hexdigest()[:16]}"
 
 
 @dataclass
@@ -250,21 +234,13 @@ class PlanNodeOperator(BaseOperator):
         outputs = {
             p: self._parent_output(run, p, r) for p, r in parents.items() if r and r["status"] == "success"
         }
-        try:
-            params = _without_missing(resolve(node.params, outputs))
-        except UnresolvedReference as error:
-            raise run.fail(str(error)) from error
         tool = load_tools(self.tools).get(node.tool)
         if tool is None:
             raise run.fail(f"unknown tool {node.tool!r}")
-        bad = [
-            f"{'.'.join(map(str, e.absolute_path)) or 'params'}: {e.message}"
-            for e in tool.validator.iter_errors(params)
-        ]
-        if bad:
-            raise run.fail(
-                f"params for tool {tool.name!r} are invalid after resolving references: {'; '.join(bad)}"
-            )
+        try:
+            params = call_params(node, tool, outputs)
+        except CallRefused as error:
+            raise run.fail(str(error)) from error
         ctx = ToolContext(
             node_id=node.id,
             idempotency_key=key,
@@ -455,14 +431,3 @@ def _hostname(ti: Any) -> str:
     from airflow.sdk.api.client import get_hostname
 
     return str(get_hostname())
-
-
-def _without_missing(value: Any) -> Any:
-    """Missing optional inputs reach the tool as None (and are named in ``ctx.missing_inputs``)."""
-    if isinstance(value, MissingInput):
-        return None
-    if isinstance(value, dict):
-        return {k: _without_missing(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_missing(v) for v in value]
-    return value

@@ -27,10 +27,12 @@ import importlib
 import inspect
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -246,9 +248,13 @@ def missing_tools_message() -> str:
 
 
 def load_tools(spec: str | Mapping[str, Tool] | None) -> ToolRegistry:
-    """A registry from ``spec``: a registry (or a mapping of tools), ``"module:attribute"``, the name of
-    a registry installed under the ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for
-    every installed registry merged.
+    """A registry from ``spec``: a registry (or a mapping of tools), ``"module:attribute"``,
+    ``"path/to/file.py:attribute"``, the name of a registry installed under the
+    ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for every installed registry merged.
+
+    A file is imported by its dotted name below the folder above its outermost package, and that folder
+    is put on ``sys.path`` (``dags/plan_demo/tools.py`` is ``plan_demo.tools``, with ``dags`` on the path),
+    so the file's own imports of its package work.
 
     ``None`` is refused (``ValueError``): installed registries are never offered unless asked for.
     A module that fails to import raises ``ImportError`` naming the module and the error.
@@ -279,11 +285,27 @@ def load_tools(spec: str | Mapping[str, Tool] | None) -> ToolRegistry:
 
 def _import_tool_module(module: str) -> Any:
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(_module_of_file(module) if module.endswith(".py") else module)
     except (Exception, SystemExit) as error:  # whatever a module raises on import: name the module
         raise ImportError(
             f"tool module {module!r} failed to import: {type(error).__name__}: {error}"
         ) from error
+
+
+def _module_of_file(path: str) -> str:
+    """The dotted name of the Python file ``path``, once the folder above its outermost package is on
+    ``sys.path``."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    parts = [] if file.stem == "__init__" else [file.stem]
+    folder = file.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return ".".join(parts)
 
 
 def _load_entry_point(point: Any) -> Any:

@@ -377,7 +377,7 @@ def test_a_wrong_size_is_refused_without_reading_and_a_wrong_hash_is_not_reveale
 
 
 def test_idempotency_key_is_the_same_for_an_unchanged_call_and_new_for_a_revised_one():
-    from airflow_plan_provider.operators.node import idempotency_key
+    from airflow_plan_provider.plan.calls import idempotency_key
 
     key = idempotency_key("d", "run1", "n", "charge", {"amount": 5, "currency": "EUR"})
     assert key.startswith("d/run1/n/")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.operators.node import idempotency_key
+from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan

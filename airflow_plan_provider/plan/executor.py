@@ -1,0 +1,310 @@
+"""Run a validated plan in this process, without Airflow, by the rules the plan DAG's node tasks follow.
+
+Nodes run on a thread pool of ``max_workers`` threads; each starts as soon as its own parents have
+finished (there is no layer barrier). A node decides with :func:`~airflow_plan_provider.plan.decisions.decide`
+(skip below a failed hard parent or a replan request; run with the missing optional inputs named), reuses
+a locked node's output, respects the step budget, gets its params from
+:func:`~airflow_plan_provider.plan.calls.call_params`, and calls its tool: a
+:class:`~airflow_plan_provider.exceptions.TransientToolError` (or any other exception) is retried up to
+``retries`` times, a :class:`~airflow_plan_provider.exceptions.PermanentToolError` fails the node at
+once, a :class:`~airflow_plan_provider.exceptions.ReplanRequested` keeps the output and makes the
+node's children moot. An asynchronous tool's job is polled in the node's thread. The run ends with
+:func:`~airflow_plan_provider.plan.session.conclude` and a :class:`SessionResult`::
+
+    plan = validate_plan(raw, tools)
+    result = run_plan(plan, tools, max_workers=4)
+    print(result.summary_text())
+
+Every try's events are kept, in order (the plan DAG keeps a retried node's earlier tries in its task log).
+Outputs stay in memory: nothing is written to an artifact store or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from graphlib import TopologicalSorter
+from typing import Any, Literal
+
+from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
+from airflow_plan_provider.plan.budgets import Budgets, step_allowed
+from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
+from airflow_plan_provider.plan.decisions import NodeStatus, decide
+from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.result import Event, NodeRecord, SessionResult, now, summarize
+from airflow_plan_provider.plan.session import SessionState, conclude, lock_successes
+from airflow_plan_provider.tools.jobs import JobStatus
+from airflow_plan_provider.tools.registry import Tool, ToolContext
+
+LOCAL_DAG_ID = "local"  # what a local run's events and idempotency keys name as their DAG
+DEFAULT_WORKERS = 4
+# what an outcome event tells of the record
+OUTCOME_DETAILS = (
+    "duration_s",
+    "error",
+    "output_summary",
+    "missing_inputs",
+    "replan_requested",
+    "budget_exhausted",
+)
+
+
+def local_session(plan: ValidatedPlan, budgets: Budgets | None = None) -> SessionState:
+    """A new session for running ``plan`` as given (a ready plan: no planner replans it)."""
+    run_id = f"local__{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}"
+    return SessionState(
+        dag_id=LOCAL_DAG_ID,
+        goal=plan.goal,
+        root_run_id=run_id,
+        run_ids=[run_id],
+        budgets=budgets or Budgets(),
+        plan_source="conf",
+    )
+
+
+def run_plan(
+    plan: ValidatedPlan,
+    tools: Mapping[str, Tool],
+    *,
+    state: SessionState | None = None,
+    max_workers: int = DEFAULT_WORKERS,
+    retries: int = 2,
+    retry_delay: float = 1.0,
+) -> SessionResult:
+    """Run ``plan`` (validated against ``tools``) to its end and report the session's result.
+
+    ``state`` is the session the run belongs to (default: :func:`local_session`); its budgets bound the
+    steps, and its locked nodes are reused. ``retries`` tries more follow a failed try (not a permanent
+    failure), ``retry_delay`` seconds apart unless the tool asked for its own delay (``retry_after``).
+    """
+    if max_workers < 1:
+        raise ValueError(f"max_workers must be at least 1, got {max_workers!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be at least 0, got {retries!r}")
+    state = state or local_session(plan)
+    state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
+    state.event(
+        "plan.validated",
+        nodes=plan.node_ids,
+        layers=plan.layers,
+        execute=state.execution_order,
+        reuse=[n for n in plan.node_ids if n in state.locked],
+        source=state.plan_source,
+    )
+    runner = _NodeRunner(plan, tools, state, retries, retry_delay)
+    records, outputs = _run_nodes(plan, runner, max_workers)
+    return _finish(plan, records, outputs, state)
+
+
+@dataclass
+class _Outcome:
+    record: NodeRecord
+    output: Any = None
+
+
+def _run_nodes(
+    plan: ValidatedPlan, runner: _NodeRunner, max_workers: int
+) -> tuple[dict[str, NodeRecord], dict[str, Any]]:
+    """Every node's record, and the outputs of the nodes that succeeded; a node is submitted the moment
+    its last parent's outcome is in."""
+    records: dict[str, NodeRecord] = {}
+    outputs: dict[str, Any] = {}
+    order = TopologicalSorter(plan.parents)
+    order.prepare()
+    running: dict[Future[_Outcome], str] = {}
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="plan-node") as pool:
+        while order.is_active():
+            for node_id in order.get_ready():
+                parents = {p: records[p] for p in plan.parents[node_id]}
+                inputs = {p: outputs[p] for p in parents if p in outputs}
+                running[pool.submit(runner.run, node_id, parents, inputs)] = node_id
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                node_id = running.pop(future)
+                outcome = future.result()
+                records[node_id] = outcome.record
+                if outcome.record.status == NodeStatus.SUCCESS:
+                    outputs[node_id] = outcome.output
+                order.done(node_id)
+    return {n: records[n] for n in plan.node_ids}, outputs
+
+
+@dataclass
+class _NodeRunner:
+    plan: ValidatedPlan
+    tools: Mapping[str, Tool]
+    state: SessionState
+    retries: int
+    retry_delay: float
+
+    def run(self, node_id: str, parents: Mapping[str, NodeRecord], inputs: Mapping[str, Any]) -> _Outcome:
+        """Decide, call the tool and record the outcome of one node (in a pool thread)."""
+        node, state = self.plan.node(node_id), self.state
+        call = _Call(self, node_id, node.tool)
+        statuses = {p: NodeStatus(r.status) for p, r in parents.items()}
+        moot = [p for p, r in parents.items() if r.replan_requested]
+        decision = decide(self.plan, node_id, statuses, moot)
+        if decision.action != "run":
+            return call.outcome("skipped", error=decision.reason)
+        if node_id in state.locked:
+            locked = state.locked[node_id]
+            return call.outcome(
+                "success", locked.output, reused=True, attempts=0, output_summary=locked.summary
+            )
+        position = state.execution_order.index(node_id)
+        if not step_allowed(state.budgets, state.usage.steps, position):
+            reason = (
+                f"step budget spent: node {node_id} would be step {state.usage.steps + position + 1} "
+                f"of {state.budgets.max_steps}"
+            )
+            return call.outcome("skipped", budget_exhausted=True, error=reason)
+        call.missing = list(decision.missing)
+        tool = self.tools.get(node.tool)
+        if tool is None:
+            return call.outcome("failed", error=f"unknown tool {node.tool!r}")
+        try:
+            params = call_params(node, tool, inputs)
+        except CallRefused as error:
+            return call.outcome("failed", error=str(error))
+        key = idempotency_key(state.dag_id, state.root_run_id, node_id, node.tool, node.params)
+        return call.tries(tool, params, key)
+
+
+@dataclass
+class _Call:
+    """One node's tries: its events and the record they end in."""
+
+    runner: _NodeRunner
+    node_id: str
+    tool: str
+    missing: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    attempt: int = 0
+    started: float | None = None
+    started_at: str = field(default_factory=now)
+
+    def event(self, type_: str, /, **data: Any) -> None:
+        self.events.append(make_event(type_, self.runner.state.source, self.node_id, tool=self.tool, **data))
+
+    def duration(self) -> float | None:
+        return None if self.started is None else round(time.time() - self.started, 3)
+
+    def tries(self, tool: Tool, params: Any, key: str) -> _Outcome:
+        state = self.runner.state
+        while True:
+            self.attempt += 1
+            ctx = ToolContext(
+                node_id=self.node_id,
+                idempotency_key=key,
+                attempt=self.attempt,
+                missing_inputs=tuple(self.missing),
+                run_id=state.run_ids[-1] if state.run_ids else state.root_run_id,
+                revision=state.revision,
+            )
+            self.started = time.time()
+            self.event("node.started", attempt=self.attempt, key=key, missing_inputs=self.missing)
+            try:
+                output = tool.call(params, ctx)
+                if tool.is_async:
+                    return self.job(tool, output)
+            except ReplanRequested as request:
+                return self.succeed(request.output, replan_requested=True, error=request.reason)
+            except PermanentToolError as error:
+                return self.outcome("failed", error=error.reason)
+            except Exception as error:
+                transient = error if isinstance(error, TransientToolError) else None
+                reason = transient.reason if transient else f"{type(error).__name__}: {error}"
+                if self.attempt > self.runner.retries:
+                    return self.outcome("failed", error=reason)
+                self.event("node.retrying", attempt=self.attempt, duration_s=self.duration(), error=reason)
+                retry_after = transient.retry_after if transient else None
+                time.sleep(retry_after or self.runner.retry_delay)
+                continue
+            return self.succeed(output)
+
+    def job(self, tool: Tool, handle: Any) -> _Outcome:
+        """Poll an asynchronous tool's job in this thread until it ends or its timeout passes (the plan
+        DAG polls it on the triggerer, with the same outcomes)."""
+        assert tool.poll is not None
+        polling: dict[str, Any] = {"handle": handle, "since": now(), "timeout": tool.timeout}
+        self.event("node.polling", handle=summarize(handle, 200), timeout=tool.timeout)
+        deadline = None if tool.timeout is None else time.time() + tool.timeout
+        while True:
+            try:
+                status = tool.poll(handle)
+            except Exception as error:  # a poll that raises ends the job as failed, with the reason
+                status = JobStatus.failed(f"polling raised {type(error).__name__}: {error}")
+            if not isinstance(status, JobStatus):
+                status = JobStatus.failed(f"poll returned {type(status).__name__}, expected JobStatus")
+            outcome: str = status.state
+            if outcome != "pending":
+                reason = status.reason or "the job failed"
+                break
+            if deadline is not None and time.time() >= deadline:
+                outcome, reason = "timeout", "the job did not finish before its timeout"
+                break
+            time.sleep(tool.poll_interval)
+        polling = {**polling, "until": now(), "outcome": outcome}
+        if outcome != "done":
+            return self.outcome("failed", error=f"job {outcome}: {reason}", polling=polling)
+        return self.succeed(status.result, polling=polling)
+
+    def succeed(self, output: Any, **fields: Any) -> _Outcome:
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as error:
+            return self.outcome("failed", error=f"tool output is not JSON-serialisable: {error}")
+        return self.outcome("success", output, output_summary=summarize(output), **fields)
+
+    def outcome(
+        self, status: Literal["success", "failed", "skipped"], output: Any = None, **fields: Any
+    ) -> _Outcome:
+        """The node's record (and its outcome event)."""
+        state = self.runner.state
+        node = self.runner.plan.node(self.node_id)
+        fields.setdefault("attempts", self.attempt)
+        record = NodeRecord(
+            node_id=node.id,
+            revision=state.revision,
+            action=node.action,
+            tool=node.tool,
+            status=status,
+            missing_inputs=self.missing,
+            duration_s=self.duration(),
+            **fields,
+        )
+        values = record.model_dump()
+        details = {k: values[k] for k in OUTCOME_DETAILS if values.get(k) not in (None, [], False)}
+        if status == "skipped" and "error" in details:
+            details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
+        kind = "node.reused" if record.reused else NODE_OUTCOMES[status]
+        self.event(kind, attempt=record.attempts, **details)
+        record.events = list(self.events)
+        return _Outcome(record, output if status == "success" else None)
+
+
+def _finish(
+    plan: ValidatedPlan, records: dict[str, NodeRecord], outputs: dict[str, Any], state: SessionState
+) -> SessionResult:
+    """Add the run's records to the session, conclude, and report (the finalize task's part)."""
+    executed = [r for r in records.values() if not r.reused and r.status != "skipped"]
+    state.usage.steps += len(executed)
+    state.history.extend(records.values())
+    state.events.extend(in_order(event for record in records.values() for event in record.events))
+    lock_successes(plan, records, outputs, state)
+    conclusion = conclude(plan, records, state)
+    final = {n: outputs[n] for n in plan.node_ids if n in outputs}
+    if conclusion.kind == "done":
+        state.event("session.finished", status="completed", reason="goal_met")
+        return state.result("completed", "goal_met", conclusion.message, final)
+    reason: Any = "node_failed" if conclusion.kind == "replan" else conclusion.reason
+    if reason == "step_budget":
+        used, limit = state.usage.steps, state.budgets.max_steps
+        state.event("budget.exhausted", budget="steps", used=used, limit=limit, message=conclusion.message)
+    state.event("session.finished", status="failed", reason=reason)
+    return state.result("failed", reason, conclusion.message, final)
