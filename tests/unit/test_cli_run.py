@@ -1,0 +1,136 @@
+"""``airflow-plan run`` as a subprocess: the seed plan with the demo tools, exit codes, what it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from airflow_plan_provider.plan.result import SessionResult
+from airflow_plan_provider.planners.base import PlanRequest
+from airflow_plan_provider.testing.scripted import CallLog
+from airflow_plan_provider.testing.seed import seed_plan
+from tests.unit.test_cli import run_cli
+
+DEMO_TOOLS = "airflow_plan_provider.example.tools:registry"
+DEMO_GOAL = "find why the payment API got slow yesterday and write a report"
+
+SCRIPTED_TOOLS = """
+import os
+
+from airflow_plan_provider.testing.scripted import CallLog, scripted_registry
+from airflow_plan_provider.testing.seed import seed_tools
+
+registry = scripted_registry(*seed_tools(CallLog(os.environ["CALL_LOG"])))
+"""
+
+
+@pytest.fixture
+def demo_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PLAN_DEMO_DB", str(tmp_path / "demo.sqlite"))
+    monkeypatch.setenv("PLAN_REPORT_DIR", str(tmp_path / "reports"))
+    return tmp_path
+
+
+@pytest.fixture
+def demo_seed_plan(demo_env: Path) -> Path:
+    """The seed scenario's plan as the demo's planner writes it for the demo's tools."""
+    from airflow_plan_provider.example.tools import registry
+    from airflow_plan_provider.planners.rules import payment_latency_planner
+
+    plan = payment_latency_planner().plan(PlanRequest(goal=DEMO_GOAL, tools=registry))
+    path = demo_env / "seed_plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.fixture
+def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CallLog:
+    """Scripted seed tools in ``tmp_path/seed_tools.py``, calls logged to ``tmp_path/calls``."""
+    (tmp_path / "seed_tools.py").write_text(SCRIPTED_TOOLS)
+    monkeypatch.setenv("CALL_LOG", str(tmp_path / "calls"))
+    (tmp_path / "seed.json").write_text(json.dumps(seed_plan()))
+    return CallLog(tmp_path / "calls")
+
+
+def test_seed_plan_with_the_demo_tools_prints_the_session_result(demo_seed_plan: Path) -> None:
+    result = run_cli("run", str(demo_seed_plan), "--tools", DEMO_TOOLS)
+    assert result.returncode == 1, result.stderr  # yesterday had no deploy: node 3 asks for a replan
+    lines = result.stdout.splitlines()
+    assert lines[0] == "status: failed (replan_unavailable)"
+    assert lines[1] == f"goal: {DEMO_GOAL}"
+    assert lines[2].startswith("message: node 3 requested a replan: no deploys of payment-api on ")
+    nodes = [line.split(":")[0].strip() for line in lines if line.startswith("  node ")]
+    assert nodes == [
+        "node 1 [query_metrics] success",
+        "node 2 [query_service_health] success",
+        "node 3 [query_deploys] success",
+        "node 4 [query_error_logs] success",
+        "node 5 [analyze_correlation] skipped",
+        "node 6 [write_report] skipped",
+    ]
+    assert "steps: 4" in result.stdout
+
+
+def test_json_output_is_the_session_result(demo_seed_plan: Path) -> None:
+    result = run_cli("run", str(demo_seed_plan), "--tools", DEMO_TOOLS, "--json")
+    assert result.returncode == 1, result.stderr
+    session = SessionResult.model_validate_json(result.stdout)
+    assert (session.status, session.reason) == ("failed", "replan_unavailable")
+    by_id = {record.node_id: record for record in session.history}
+    assert by_id["3"].replan_requested and session.outputs["3"] == []
+    assert session.outputs["1"]["slow_hours"] == [14, 15]
+    assert [e.type for e in session.events][-1] == "session.finished"
+
+
+def test_a_completed_run_exits_0_with_tools_from_a_file(scripted: CallLog, tmp_path: Path) -> None:
+    spec = f"{tmp_path / 'seed_tools.py'}:registry"
+    result = run_cli("run", str(tmp_path / "seed.json"), "--tools", spec, "--max-workers", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    session = SessionResult.model_validate_json(result.stdout)
+    assert session.status == "completed" and session.outputs["6"] == {
+        "report": {"inputs": ["latency", "logs"]}
+    }
+    assert scripted.count() == 6 and scripted.max_concurrency() <= 2
+
+
+def test_the_step_budget_applies(scripted: CallLog, tmp_path: Path) -> None:
+    result = run_cli(
+        "run", str(tmp_path / "seed.json"), "--tools", "seed_tools:registry", "--max-steps", "2", cwd=tmp_path
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[0] == "status: failed (step_budget)"
+    assert scripted.count() == 2
+
+
+def test_an_invalid_plan_is_bad_input_and_nothing_runs(scripted: CallLog, tmp_path: Path) -> None:
+    plan = seed_plan()
+    plan["nodes"][4]["tool"] = "no_such_tool"
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    result = run_cli("run", str(tmp_path / "bad.json"), "--tools", "seed_tools:registry", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == "airflow-plan: the plan is invalid; nothing ran:"
+    assert any("no_such_tool" in line for line in lines[1:])
+    assert scripted.count() == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "missing.json", "--tools", "seed_tools:registry"),
+        ("run", "seed.json", "--tools", "no_such_module:registry"),
+        ("run", "seed.json", "--tools", "no/such/file.py:registry"),
+        ("run", "seed.json"),  # --tools is required
+        ("run", "seed.json", "--tools", "seed_tools:registry", "--max-workers", "0"),
+    ],
+)
+def test_bad_input_exits_2(scripted: CallLog, tmp_path: Path, args: tuple[str, ...]) -> None:
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert scripted.count() == 0
+    assert os.path.exists(tmp_path / "seed.json")
