@@ -1,13 +1,34 @@
 """airflow-plan-provider: turn a goal into a validated plan and run it as Airflow tasks.
 
 Public names are loaded lazily, so provider discovery and the pure plan core stay cheap and never
-import Airflow unless an Airflow-facing name is used.
+import Airflow unless an Airflow-facing name is used. The ``TYPE_CHECKING`` imports below name the same
+objects for type checkers, which do not follow ``__getattr__``: every name in ``_EXPORTS`` is imported
+there too (tests/unit/test_public_surface.py keeps the two lists equal).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_plan_provider.dag_factory import ControlRetries, build_plan_dag
+    from airflow_plan_provider.exceptions import (
+        PermanentToolError,
+        PlanningError,
+        PlanProviderError,
+        PlanValidationError,
+        ReplanRequested,
+        TransientToolError,
+    )
+    from airflow_plan_provider.plan.budgets import Budgets
+    from airflow_plan_provider.plan.merge import PlanDiff, merge_replan, plan_diff
+    from airflow_plan_provider.plan.model import Edge, Node, Plan, ValidatedPlan
+    from airflow_plan_provider.plan.problems import Problem
+    from airflow_plan_provider.plan.result import SessionResult
+    from airflow_plan_provider.plan.validate import Limits, validate_plan
+    from airflow_plan_provider.planners.base import Planner, PlanRequest
+    from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 __version__ = "0.1.0"
 
@@ -39,7 +60,33 @@ _EXPORTS = {
     "validate_plan": "airflow_plan_provider.plan.validate",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Budgets",
+    "ControlRetries",
+    "Edge",
+    "Limits",
+    "Node",
+    "PermanentToolError",
+    "Plan",
+    "PlanDiff",
+    "PlanProviderError",
+    "PlanRequest",
+    "PlanValidationError",
+    "Planner",
+    "PlanningError",
+    "Problem",
+    "ReplanRequested",
+    "SessionResult",
+    "Tool",
+    "ToolContext",
+    "ToolRegistry",
+    "TransientToolError",
+    "ValidatedPlan",
+    "build_plan_dag",
+    "merge_replan",
+    "plan_diff",
+    "validate_plan",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@
     ├── PlanningError            a planner produced no usable plan (``.problems`` from the last attempt)
     ├── BudgetExceeded           max_steps or max_replans is spent
     ├── FreezeError              a session or plan cannot be frozen into a DAG file (why, in its text)
+    ├── TriggerEventError        a deferred task resumed with an event its trigger cannot have sent
     └── ToolError                raised by tools, read by the node runner
         ├── TransientToolError   worth retrying (timeouts, 5xx, rate limits)
         ├── PermanentToolError   retrying cannot help (bad credentials, missing resource)
@@ -29,6 +30,11 @@ class PlanProviderError(Exception):
 
 class FreezeError(PlanProviderError):
     """A session or plan cannot be frozen into a DAG file: the message names the source and the fault."""
+
+
+class TriggerEventError(PlanProviderError):
+    """A deferred task resumed with an event its trigger cannot have sent (none, an unknown status, a
+    missing or unexpected field): the message names the trigger and what is wrong."""
 
 
 class PlanValidationError(PlanProviderError):

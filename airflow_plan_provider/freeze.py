@@ -73,7 +73,7 @@ class ParamTemplate:
 def apply_templates(plan: Mapping[str, Any], templates: Sequence[ParamTemplate]) -> dict[str, Any]:
     """A copy of ``plan`` with each template's param replaced; a template that matches no param of any
     node (or of the node it names) raises :class:`FreezeError`."""
-    result = json.loads(json.dumps(plan))
+    result: dict[str, Any] = json.loads(json.dumps(plan))
     nodes = {str(node["id"]): node for node in result.get("nodes", [])}
     for template in templates:
         if template.node is not None and template.node not in nodes:
@@ -179,10 +179,9 @@ class SessionApi:
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str) -> Any:
         """An XCom value, or ``None`` when there is none."""
-        quote = lambda text: urllib.parse.quote(text, safe="")  # noqa: E731
         path = (
-            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}/taskInstances/{quote(task_id)}"
-            f"/xcomEntries/{quote(key)}?map_index=-1"
+            f"/api/v2/dags/{_quote(dag_id)}/dagRuns/{_quote(run_id)}/taskInstances/{_quote(task_id)}"
+            f"/xcomEntries/{_quote(key)}?map_index=-1"
         )
         status, data = self._send("GET", path)
         if status == 404:
@@ -240,6 +239,11 @@ class SessionApi:
 
 
 # ------------------------------------------------------------------------------------------- rendering
+
+
+def _quote(text: str) -> str:
+    """``text`` as one path segment of an API URL."""
+    return urllib.parse.quote(text, safe="")
 
 
 def _string(text: str) -> str:

@@ -46,7 +46,14 @@ REDACTED = "***"
 
 @dataclass(frozen=True)
 class LLMSettings:
-    """Where and how to reach the model. ``api_key`` is never part of the repr."""
+    """Where and how to reach the model. ``api_key`` is never part of the repr.
+
+    :param base_url: the endpoint's base url, ``None`` for the client's default (OpenAI).
+    :param api_key: the key sent as the bearer token.
+    :param model: the model to ask, ``None`` when the planner must name one.
+    :param organization: the ``OpenAI-Organization`` header, if any.
+    :param project: the ``OpenAI-Project`` header, if any.
+    """
 
     base_url: str | None
     api_key: str = field(repr=False)
@@ -148,6 +155,12 @@ class PlanLLMHook(BaseHook):
 
     Nothing is looked up or sent until :meth:`get_conn`, :attr:`settings` or
     :meth:`test_connection` is called.
+
+    :param llm_conn_id: the connection to read: a ``plan_llm`` connection, or an ``openai`` one with
+        ``model`` in its extra.
+    :param timeout: seconds one HTTP attempt of the client may take.
+    :param max_retries: how many times the client retries a timeout, a connection error, 408, 409, 429
+        and 5xx (with backoff, honouring ``Retry-After``).
     """
 
     conn_name_attr = "llm_conn_id"

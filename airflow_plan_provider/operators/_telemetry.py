@@ -74,7 +74,7 @@ def tracing_on() -> bool:
     """Whether Airflow's OpenTelemetry tracing is on (``[traces] otel_on``)."""
     from airflow.sdk.configuration import conf
 
-    return conf.getboolean("traces", "otel_on", fallback=False)
+    return bool(conf.getboolean("traces", "otel_on", fallback=False))
 
 
 @contextmanager

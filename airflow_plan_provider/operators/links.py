@@ -7,9 +7,13 @@ to the run that started it with :class:`ParentRunLink`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from airflow.sdk import BaseOperatorLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
 
 
 class ParentRunLink(BaseOperatorLink):
@@ -21,7 +25,7 @@ class ParentRunLink(BaseOperatorLink):
 
     name = "Parent run"
 
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         parent = getattr(operator, "parent_run_id", None)
         if not parent:
             return ""

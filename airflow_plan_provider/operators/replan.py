@@ -7,13 +7,18 @@ again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID, TriggerDagRunOperator
 from airflow.providers.standard.triggers.external_task import DagStateTrigger
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
+from airflow_plan_provider.triggers.payloads import validate_dag_state_event
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 def replan_run_id(root_run_id: str, revision: int) -> str:
@@ -32,6 +37,9 @@ class ReplanOperator(TriggerDagRunOperator):
     :param trigger_dag_id: the id of the plan DAG this task belongs to: a replan run is a run of the same
         DAG. Given when the DAG is built, because Airflow's "Triggered DAG" link on this task reads it from
         the task as parsed (a deferred task resumes in a new process, without anything ``execute`` set).
+    :param poke_interval: seconds between two checks of the replan run's state while deferred.
+    :param kwargs: passed on to the standard provider's ``TriggerDagRunOperator`` (and
+        :class:`~airflow.sdk.BaseOperator`); the arguments that make it wait, deferred, are set here.
     """
 
     ui_color = "#f7e1f5"
@@ -47,7 +55,7 @@ class ReplanOperator(TriggerDagRunOperator):
             **kwargs,
         )
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         ti = context["ti"]
         conf = ti.xcom_pull(task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY)
         if not conf:
@@ -67,7 +75,7 @@ class ReplanOperator(TriggerDagRunOperator):
         super().execute(context)
         return None
 
-    def _wait_for_existing(self, context: Any, run_id: str) -> Any:
+    def _wait_for_existing(self, context: Context, run_id: str) -> dict[str, Any] | None:
         """Wait for the revision's run an earlier try started, instead of triggering it again."""
         ti = context["ti"]
         ti.xcom_push(key=XCOM_RUN_ID, value=run_id)  # as after a trigger: the task's link to the run
@@ -86,9 +94,13 @@ class ReplanOperator(TriggerDagRunOperator):
             method_name="execute_complete",
         )
 
-    def execute_complete(self, context: Any, event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+        """Report the outcome of the replan run named in ``event`` (a ``DagStateTrigger`` event)."""
+        try:
+            child, state = validate_dag_state_event(event)
+        except TriggerEventError as error:
+            raise AirflowFailException(f"task {self.task_id!r}: {error}") from error
         ti = context["ti"]
-        child = event[1]["run_ids"][0]
         # Pulls without map_indexes read every map index of the (unmapped) task: a missing value is then
         # None, where a single-index pull is a 404 the Task SDK logs at error level.
         result = ti.xcom_pull(task_ids=FINALIZE_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
@@ -96,7 +108,7 @@ class ReplanOperator(TriggerDagRunOperator):
             # the child replanned in turn: its replan task reports the rest of the chain
             result = ti.xcom_pull(task_ids=REPLAN_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
         if not result:
-            raise AirflowFailException(f"replan run {child} ended ({event[1].get(child)}) without a result")
+            raise AirflowFailException(f"replan run {child} ended ({state}) without a result")
         self.log.info("session ended %s (%s) after run %s", result["status"], result["reason"], child)
         if result["status"] != "completed":
             ti.xcom_push(key=RESULT_KEY, value=result)

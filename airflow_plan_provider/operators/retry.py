@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import RetryDecision, RetryPolicy
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 class ToolRetryPolicy(RetryPolicy):
@@ -16,7 +19,7 @@ class ToolRetryPolicy(RetryPolicy):
     ``retries`` with exponential backoff."""
 
     def evaluate(
-        self, exception: BaseException, try_number: int, max_tries: int, context: Any = None
+        self, exception: BaseException, try_number: int, max_tries: int, context: Context | None = None
     ) -> RetryDecision:
         if isinstance(exception, PermanentToolError):
             return RetryDecision.fail(exception.reason)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
@@ -15,6 +15,9 @@ from airflow_plan_provider.operators.layout import (
     pull_session,
 )
 
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
 
 class LayerSelectOperator(BaseOperator):
     """Return the node ids the node task ``node_task`` maps in this run (see ``layout.node_tasks``):
@@ -22,6 +25,11 @@ class LayerSelectOperator(BaseOperator):
 
     Runs beside the layer before, and skips itself (so its node task is skipped) when planning failed,
     or when the DAG asks for approval (``approval_task_id``) and the plan was not approved.
+
+    :param node_task: the task id of the node task this select task feeds.
+    :param approval_task_id: the approval task whose answer must let the nodes run, or ``None`` when the
+        DAG asks for no approval.
+    :param kwargs: passed on to :class:`~airflow.sdk.BaseOperator`.
     """
 
     ui_color = "#f0f0f0"
@@ -31,7 +39,7 @@ class LayerSelectOperator(BaseOperator):
         self.node_task = node_task
         self.approval_task_id = approval_task_id
 
-    def execute(self, context: Any) -> list[str]:
+    def execute(self, context: Context) -> list[str]:
         ti = context["ti"]
         plan = pull_plan(ti)
         if plan is None:

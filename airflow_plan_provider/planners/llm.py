@@ -117,6 +117,19 @@ class LLMPlanner:
     Give ``base_url`` and/or ``api_key`` (and ``model``) to skip the Airflow connection; otherwise
     ``conn_id`` names a ``plan_llm`` connection (see :mod:`airflow_plan_provider.hooks.llm`), and
     ``model`` overrides the connection's ``extra.model``.
+
+    :param model: the model to ask; overrides the connection's ``extra.model``.
+    :param base_url: an OpenAI-compatible endpoint (``.../v1``); with ``api_key``, instead of a connection.
+    :param api_key: the endpoint's key (registered with the secrets masker); without it and without a
+        connection, ``OPENAI_API_KEY``.
+    :param conn_id: the connection read when neither ``base_url`` nor ``api_key`` is given.
+    :param temperature: sampling temperature of every call.
+    :param max_retries: retries of one call by the ``openai`` client (timeouts, connection errors, 408,
+        409, 429, 5xx), ``>= 0``.
+    :param timeout: seconds one HTTP attempt may take, ``> 0``.
+    :param planning_timeout: seconds one :meth:`plan` call may take with its retries, ``> 0``.
+    :param structured_output: ask for ``response_format`` ``json_schema`` first (falls back when the
+        endpoint rejects it); ``False`` starts at ``json_object``.
     """
 
     def __init__(

@@ -247,7 +247,7 @@ class TemplatePlanner:
 
     def _fill(self, template: Template, values: Mapping[str, Any]) -> dict[str, Any]:
         unfilled: set[str] = set()
-        filled = fill_template(self._load(template), values, unfilled)
+        filled: dict[str, Any] = fill_template(self._load(template), values, unfilled)
         if unfilled:
             names = ", ".join(f"{{{{{name}}}}}" for name in sorted(unfilled))
             raise PlanningError(

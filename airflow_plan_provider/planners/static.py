@@ -14,6 +14,9 @@ class StaticPlanner:
 
     It returns ``None`` (no plan) when it has neither, and for every replan: a fixed plan has no
     alternative to offer for the part that failed.
+
+    :param plan: the plan to return, as a :class:`~airflow_plan_provider.plan.model.Plan`, a dict or
+        JSON text; ``None`` to take each run's ``conf["plan"]``.
     """
 
     def __init__(self, plan: Plan | Mapping[str, Any] | str | None = None) -> None:

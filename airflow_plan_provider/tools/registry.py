@@ -50,6 +50,14 @@ class ToolContext:
 
     ``idempotency_key`` is the same for every try of one node in one revision of a session (and differs
     for a revised node in a later revision), so a tool that performs a side effect can perform it once.
+
+    :param node_id: the plan node being run.
+    :param idempotency_key: the call's key (DAG, root run, node, tool, params).
+    :param attempt: the try number, from 1.
+    :param missing_inputs: the optional parents that did not succeed; their references reach the tool
+        as ``None``.
+    :param run_id: the Airflow run the node runs in.
+    :param revision: the plan's revision in the session (0 before any replan).
     """
 
     node_id: str
@@ -62,6 +70,25 @@ class ToolContext:
 
 @dataclass
 class Tool:
+    """A function a plan node can call, with what the planner is told about it and how it runs.
+
+    Usually made by :meth:`ToolRegistry.tool`.
+
+    :param name: the name plan nodes use in ``tool``.
+    :param description: what the planner is told the tool does.
+    :param func: the function, called with the node's resolved params as keyword arguments (and
+        ``ctx``, a :class:`ToolContext`, when it accepts one).
+    :param args_schema: the JSON Schema of the params; checked when the plan is validated and again
+        after references are resolved.
+    :param poll: for an asynchronous tool, the module-level function that takes what ``func`` returned
+        (the job's handle) and returns a :class:`~airflow_plan_provider.tools.jobs.JobStatus`.
+    :param poll_interval: seconds between two polls.
+    :param timeout: seconds an asynchronous job may take, ``None`` for the task's ``execution_timeout``.
+    :param pool: an Airflow pool whose slots every node calling the tool takes.
+    :param pool_slots: how many of the pool's slots one node takes.
+    :param needs_approval: a risky tool: a plan DAG asks a human before a node calling it runs.
+    """
+
     name: str
     description: str
     func: Callable[..., Any] = field(repr=False)  # a function's repr carries its memory address
@@ -145,6 +172,8 @@ class ToolRegistry(Mapping[str, Tool]):
     Its ``repr`` names the tools and a digest of their catalog entries, never a memory address: an
     operator that carries a registry is serialized with it, and the serialized DAG must be the same on
     every parse (otherwise each parse would make a new DAG version).
+
+    :param tools: the tools to start with; more are added with :meth:`tool` or :meth:`add`.
     """
 
     def __init__(self, tools: list[Tool] | None = None) -> None:
@@ -187,12 +216,24 @@ class ToolRegistry(Mapping[str, Tool]):
         pool_slots: int = 1,
         needs_approval: bool = False,
     ) -> Any:
-        """Register ``func`` as a tool (usable bare or with arguments).
+        """Register ``func`` as a tool (usable bare or with arguments); returns ``func`` unchanged.
 
         ``pool`` names an Airflow pool (create it with ``airflow pools set``): each node calling the tool
         takes ``pool_slots`` of its slots while it runs, whichever plan run or worker it belongs to.
         ``needs_approval=True`` marks a risky tool (a side effect someone should sign off): a plan DAG
         built with ``approval="risky"`` (the default) waits for a human to approve a plan that calls it.
+
+        :param func: the function (when used bare, ``@registry.tool``).
+        :param name: the tool's name; default the function's name.
+        :param description: what the planner is told; default the function's docstring.
+        :param args: a pydantic model or a JSON Schema for the params; default derived from the
+            function's signature.
+        :param poll: makes the tool asynchronous: see :class:`Tool`.
+        :param poll_interval: seconds between two polls of an asynchronous tool's job.
+        :param timeout: seconds an asynchronous job may take.
+        :param pool: an Airflow pool for the nodes calling the tool.
+        :param pool_slots: the pool slots one node takes.
+        :param needs_approval: mark the tool as risky.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,12 +10,23 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_plan_provider.tools.jobs import JobStatus, import_callable
+from airflow_plan_provider.triggers.payloads import JobOutcome
 
 
 class ToolJobTrigger(BaseTrigger):
-    """Call ``poll_path(handle)`` every ``poll_interval`` seconds until the job ends or ``deadline`` (an
-    epoch time) passes. Yields one event: ``{"status": "done", "result": ...}``,
-    ``{"status": "failed", "reason": ...}`` or ``{"status": "timeout", "reason": ...}``.
+    """Call ``poll_path(handle)`` every ``poll_interval`` seconds until the job ends or ``deadline``
+    passes. Yields one event: ``{"status": "done", "result": ...}``, ``{"status": "failed", "reason": ...}``
+    or ``{"status": "timeout", "reason": ...}``.
+
+    :param poll_path: dotted path (``module:function`` or ``module.function``) of the tool's poll
+        function, called with the handle in a thread; it returns a
+        :class:`~airflow_plan_provider.tools.jobs.JobStatus`. A poll that raises ends the job as failed.
+    :param handle: what the tool's call returned to identify its job (JSON-serialisable).
+    :param poll_interval: seconds between two polls.
+    :param deadline: epoch time (``time.time()``) after which the job counts as timed out, or ``None``
+        for no limit. An epoch, not a ``time.monotonic()`` reading, because the deadline is set in the
+        worker and read on the triggerer, another process and possibly another machine.
+    :param node_id: the plan node the job belongs to (shown in the triggerer's log).
     """
 
     def __init__(
@@ -27,7 +38,7 @@ class ToolJobTrigger(BaseTrigger):
         deadline: float | None = None,
         node_id: str = "",
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.poll_path = poll_path
         self.handle = handle
         self.poll_interval = poll_interval
@@ -47,32 +58,24 @@ class ToolJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        outcome = await self._wait()
+        yield TriggerEvent(outcome.payload())
+
+    async def _wait(self) -> JobOutcome:
         poll = import_callable(self.poll_path)
         while True:
             try:
                 status = await asyncio.to_thread(poll, self.handle)
             except Exception as error:  # a poll that raises ends the job as failed, with the reason
-                yield TriggerEvent(
-                    {"status": "failed", "reason": f"polling raised {type(error).__name__}: {error}"}
-                )
-                return
+                return JobOutcome("failed", reason=f"polling raised {type(error).__name__}: {error}")
             if not isinstance(status, JobStatus):
-                yield TriggerEvent(
-                    {
-                        "status": "failed",
-                        "reason": f"poll returned {type(status).__name__}, expected JobStatus",
-                    }
+                return JobOutcome(
+                    "failed", reason=f"poll returned {type(status).__name__}, expected JobStatus"
                 )
-                return
             if status.state == "done":
-                yield TriggerEvent({"status": "done", "result": status.result})
-                return
+                return JobOutcome("done", result=status.result)
             if status.state == "failed":
-                yield TriggerEvent({"status": "failed", "reason": status.reason or "the job failed"})
-                return
+                return JobOutcome("failed", reason=status.reason or "the job failed")
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent(
-                    {"status": "timeout", "reason": "the job did not finish before its timeout"}
-                )
-                return
+                return JobOutcome("timeout", reason="the job did not finish before its timeout")
             await asyncio.sleep(self.poll_interval)

@@ -8,6 +8,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_plan_provider.triggers.payloads import PARENTS_READY
+
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 
@@ -25,8 +27,13 @@ class ParentsFinishedTrigger(BaseTrigger):
     """Poll the states of the mapped task instances ``parents`` (task id → map indexes) of one run until
     all have finished, then yield ``{"status": "ready"}``.
 
-    ``node_task_id`` with ``map_indexes`` is the form triggers serialized before nodes ran in several
-    tasks (pool lanes); it is still read, so a trigger deferred by an earlier version resumes.
+    :param dag_id: the plan DAG's id.
+    :param run_id: the run whose task instances are waited for.
+    :param parents: task id → the map indexes of that task to wait for.
+    :param node_task_id: with ``map_indexes``, the form triggers serialized before nodes ran in several
+        tasks (pool lanes); it is still read, so a trigger deferred by an earlier version resumes.
+    :param map_indexes: the map indexes of ``node_task_id``.
+    :param poll_interval: seconds between two reads of the task states.
     """
 
     def __init__(
@@ -39,7 +46,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         map_indexes: list[int] | None = None,
         poll_interval: float = 1.0,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
         self.run_id = run_id
         merged = {task_id: list(indexes) for task_id, indexes in (parents or {}).items()}
@@ -68,6 +75,6 @@ class ParentsFinishedTrigger(BaseTrigger):
                 dag_id=self.dag_id, task_ids=sorted(self.parents), run_ids=[self.run_id]
             )
             if finished_states(states, self.run_id, self.parents):
-                yield TriggerEvent({"status": "ready"})
+                yield TriggerEvent({"status": PARENTS_READY})
                 return
             await asyncio.sleep(self.poll_interval)

@@ -1,0 +1,111 @@
+"""What the triggers send back to a deferred task, and the checks the task runs on it when it resumes.
+
+An event crosses from the triggerer to a worker through the metadata database, so the method a task
+resumes into can receive ``None``, a status it does not know (a trigger of another version, a custom
+trigger) or a payload without the fields it reads. Each ``validate_*`` function returns the event in a
+typed form or raises :class:`~airflow_plan_provider.exceptions.TriggerEventError` naming what is wrong;
+an unknown status never passes as a success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from airflow_plan_provider.exceptions import TriggerEventError
+
+JOB_STATUSES = ("done", "failed", "timeout")
+PARENTS_READY = "ready"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """The end of an asynchronous tool's job, as :class:`~.job.ToolJobTrigger` reports it.
+
+    :param status: ``done`` (``result`` holds the job's result), ``failed`` or ``timeout`` (``reason``
+        says why).
+    :param result: the job's result when it is done (JSON-serialisable, may be ``None``).
+    :param reason: why the job failed or timed out.
+    """
+
+    status: Literal["done", "failed", "timeout"]
+    result: Any = None
+    reason: str = ""
+
+    def payload(self) -> dict[str, Any]:
+        """The trigger event's payload."""
+        if self.status == "done":
+            return {"status": "done", "result": self.result}
+        return {"status": self.status, "reason": self.reason}
+
+
+def _mapping(event: object, trigger: str) -> Mapping[str, Any]:
+    if event is None:
+        raise TriggerEventError(f"the task resumed without an event from {trigger}")
+    if not isinstance(event, Mapping):
+        raise TriggerEventError(
+            f"the event from {trigger} is a {type(event).__name__}, expected a mapping: {event!r:.200}"
+        )
+    return event
+
+
+def _status(event: Mapping[str, Any], trigger: str, known: Sequence[str]) -> Any:
+    status = event.get("status")
+    if status not in known:
+        raise TriggerEventError(
+            f"the event from {trigger} has status {status!r}, expected one of {', '.join(known)}"
+        )
+    return status
+
+
+def validate_job_event(event: object) -> JobOutcome:
+    """The :class:`JobOutcome` in a :class:`~.job.ToolJobTrigger` event.
+
+    >>> validate_job_event({"status": "done", "result": {"rows": 3}})
+    JobOutcome(status='done', result={'rows': 3}, reason='')
+    """
+    trigger = "the job trigger"
+    payload = _mapping(event, trigger)
+    status = _status(payload, trigger, JOB_STATUSES)
+    if status == "done":
+        if "result" not in payload:
+            raise TriggerEventError(f"the done event from {trigger} has no result")
+        return JobOutcome("done", result=payload["result"])
+    reason = payload.get("reason")
+    if not isinstance(reason, str) or not reason:
+        raise TriggerEventError(f"the {status} event from {trigger} has no reason (text): {reason!r:.200}")
+    return JobOutcome(status, reason=reason)
+
+
+def validate_parents_event(event: object) -> None:
+    """Check a :class:`~.parents.ParentsFinishedTrigger` event: ``{"status": "ready"}``."""
+    trigger = "the parents trigger"
+    _status(_mapping(event, trigger), trigger, (PARENTS_READY,))
+
+
+def validate_dag_state_event(event: object) -> tuple[str, str]:
+    """The run id and state in a standard provider ``DagStateTrigger`` event that waited for one run.
+
+    The event is ``(class path, data)`` (a list once it went through the database); ``data`` holds
+    ``run_ids`` (one run id here) and that run id's state.
+
+    >>> validate_dag_state_event(("DagStateTrigger", {"run_ids": ["r1"], "r1": "success"}))
+    ('r1', 'success')
+    """
+    trigger = "the DAG run state trigger"
+    if event is None:
+        raise TriggerEventError(f"the task resumed without an event from {trigger}")
+    if isinstance(event, str | bytes) or not isinstance(event, Sequence) or len(event) != 2:
+        raise TriggerEventError(f"the event from {trigger} is not a (class path, data) pair: {event!r:.200}")
+    data = _mapping(event[1], trigger)
+    run_ids = data.get("run_ids")
+    if not isinstance(run_ids, Sequence) or isinstance(run_ids, str) or len(run_ids) != 1:
+        raise TriggerEventError(
+            f"the event from {trigger} must name exactly one run in run_ids: {run_ids!r:.200}"
+        )
+    run_id = run_ids[0]
+    state = data.get(run_id) if isinstance(run_id, str) else None
+    if not isinstance(state, str) or not state:
+        raise TriggerEventError(f"the event from {trigger} has no state for run {run_id!r}")
+    return run_id, state

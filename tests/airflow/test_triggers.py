@@ -1,0 +1,283 @@
+"""The triggers and the events a deferred task resumes with.
+
+Each trigger's ``serialize()`` survives the trip through the metadata database (the triggerer builds
+the trigger again from it), its ``run()`` yields the one event the resuming method reads, and that
+method rejects an event its trigger cannot have sent with an error naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.exceptions import TriggerEventError
+from airflow_plan_provider.tools.jobs import JobStatus, callable_path
+from airflow_plan_provider.triggers.job import ToolJobTrigger
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
+from airflow_plan_provider.triggers.payloads import (
+    JobOutcome,
+    validate_dag_state_event,
+    validate_job_event,
+    validate_parents_event,
+)
+
+# --------------------------------------------------------------------- poll functions the triggers import
+
+
+def poll_counted(handle: Mapping[str, Any]) -> JobStatus:
+    """Done with ``handle["result"]`` at the ``handle["polls"]``-th poll (polls counted in a file)."""
+    counter = Path(handle["counter"])
+    polls = int(counter.read_text() or 0) + 1 if counter.exists() else 1
+    counter.write_text(str(polls))
+    return JobStatus.done(handle["result"]) if polls >= handle["polls"] else JobStatus.pending()
+
+
+def poll_failed(handle: Mapping[str, Any]) -> JobStatus:
+    return JobStatus.failed(f"export {handle['job']} was cancelled")
+
+
+def poll_failed_without_reason(handle: Mapping[str, Any]) -> JobStatus:
+    return JobStatus("failed")
+
+
+def poll_pending(handle: Mapping[str, Any]) -> JobStatus:
+    return JobStatus.pending()
+
+
+API_DOWN = "the job API is down"
+
+
+def poll_raises(handle: Mapping[str, Any]) -> JobStatus:
+    raise ConnectionError(API_DOWN)
+
+
+def poll_wrong_type(handle: Mapping[str, Any]) -> Any:
+    return {"state": "done"}
+
+
+def events_of(trigger: Any) -> list[Any]:
+    async def collect(events: AsyncIterator[Any]) -> list[Any]:
+        return [event async for event in events]
+
+    return asyncio.run(collect(trigger.run()))
+
+
+def through_the_database(trigger: Any) -> Any:
+    """The trigger the triggerer builds from what ``serialize()`` stored (encrypted kwargs and all)."""
+    from airflow.models.trigger import Trigger
+    from airflow.sdk.module_loading import import_string
+
+    classpath, kwargs = trigger.serialize()
+    row = Trigger(classpath=classpath, kwargs=kwargs)
+    return import_string(row.classpath)(**row.kwargs)
+
+
+# ------------------------------------------------------------------------------------ ToolJobTrigger
+
+
+def test_job_trigger_serializes_to_what_rebuilds_it() -> None:
+    trigger = ToolJobTrigger(
+        poll_path=callable_path(poll_counted),
+        handle={"job": "exp-1", "shards": [1, 2]},
+        poll_interval=0.5,
+        deadline=1_900_000_000.0,
+        node_id="n1",
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_plan_provider.triggers.job.ToolJobTrigger"
+    assert kwargs == {
+        "poll_path": f"{__name__}.poll_counted",
+        "handle": {"job": "exp-1", "shards": [1, 2]},
+        "poll_interval": 0.5,
+        "deadline": 1_900_000_000.0,
+        "node_id": "n1",
+    }
+    rebuilt = through_the_database(trigger)
+    assert type(rebuilt) is ToolJobTrigger
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_job_trigger_polls_until_done_and_yields_the_result(tmp_path: Path) -> None:
+    handle = {"counter": str(tmp_path / "polls"), "polls": 3, "result": {"rows": 42}}
+    trigger = ToolJobTrigger(poll_path=callable_path(poll_counted), handle=handle, poll_interval=0.01)
+    events = events_of(trigger)
+    assert [event.payload for event in events] == [{"status": "done", "result": {"rows": 42}}]
+    assert (tmp_path / "polls").read_text() == "3"  # pending twice, then done
+    assert validate_job_event(events[0].payload) == JobOutcome("done", result={"rows": 42})
+
+
+@pytest.mark.parametrize(
+    ("poll", "deadline", "expected"),
+    [
+        (poll_failed, None, JobOutcome("failed", reason="export exp-1 was cancelled")),
+        (poll_failed_without_reason, None, JobOutcome("failed", reason="the job failed")),
+        (poll_raises, None, JobOutcome("failed", reason=f"polling raised ConnectionError: {API_DOWN}")),
+        (poll_wrong_type, None, JobOutcome("failed", reason="poll returned dict, expected JobStatus")),
+        (poll_pending, 0.0, JobOutcome("timeout", reason="the job did not finish before its timeout")),
+    ],
+)
+def test_job_trigger_ends_with_one_terminal_event(
+    poll: Any, deadline: float | None, expected: JobOutcome
+) -> None:
+    trigger = ToolJobTrigger(
+        poll_path=callable_path(poll), handle={"job": "exp-1"}, poll_interval=0.01, deadline=deadline
+    )
+    events = events_of(trigger)
+    assert len(events) == 1
+    assert validate_job_event(events[0].payload) == expected
+
+
+def test_job_trigger_keeps_polling_until_its_deadline(tmp_path: Path) -> None:
+    handle = {"counter": str(tmp_path / "polls"), "polls": 10**9, "result": None}
+    trigger = ToolJobTrigger(
+        poll_path=callable_path(poll_counted), handle=handle, poll_interval=0.01, deadline=time.time() + 0.3
+    )
+    [event] = events_of(trigger)
+    assert event.payload["status"] == "timeout"
+    assert int((tmp_path / "polls").read_text()) > 1  # it polled again before giving up
+
+
+# ---------------------------------------------------------------------------- ParentsFinishedTrigger
+
+
+def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan", run_id="manual__1", parents={"layer_0": [0, 2], "layer_0__api": [1]}, poll_interval=0.5
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
+    assert kwargs == {
+        "dag_id": "plan",
+        "run_id": "manual__1",
+        "parents": {"layer_0": [0, 2], "layer_0__api": [1]},
+        "poll_interval": 0.5,
+    }
+    rebuilt = through_the_database(trigger)
+    assert type(rebuilt) is ParentsFinishedTrigger
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Task SDK call reaches Airflow's API server: here it answers from a script of states
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    answers = [
+        {"manual__1": {"layer_0_0": "running", "layer_0_2": "success", "layer_0__api_1": "queued"}},
+        {"manual__1": {"layer_0_0": "success", "layer_0_2": "success", "layer_0__api_1": "running"}},
+        {"manual__1": {"layer_0_0": "success", "layer_0_2": "success", "layer_0__api_1": "failed"}},
+    ]
+    asked: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        asked.append(query)
+        return answers[len(asked) - 1]
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    parents = {"layer_0": [0, 2], "layer_0__api": [1]}
+    trigger = ParentsFinishedTrigger(dag_id="plan", run_id="manual__1", parents=parents, poll_interval=0.01)
+    events = events_of(trigger)
+    assert [event.payload for event in events] == [{"status": "ready"}]
+    assert len(asked) == 3  # not ready while a parent was queued or running
+    assert asked[0] == {"dag_id": "plan", "task_ids": ["layer_0", "layer_0__api"], "run_ids": ["manual__1"]}
+    validate_parents_event(events[0].payload)
+
+
+# ------------------------------------------------------------------------------- event validation
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"status": "done", "result": None}, JobOutcome("done")),
+        ({"status": "done", "result": [1, 2]}, JobOutcome("done", result=[1, 2])),
+        ({"status": "failed", "reason": "quota"}, JobOutcome("failed", reason="quota")),
+        ({"status": "timeout", "reason": "too slow"}, JobOutcome("timeout", reason="too slow")),
+    ],
+)
+def test_job_events_the_trigger_sends_are_accepted(event: dict[str, Any], expected: JobOutcome) -> None:
+    assert validate_job_event(event) == expected
+    assert expected.payload() == event
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (None, "resumed without an event from the job trigger"),
+        ("done", "is a str, expected a mapping"),
+        ({}, "status None, expected one of done, failed, timeout"),
+        ({"status": "success", "result": 1}, "status 'success', expected one of done, failed, timeout"),
+        ({"status": "done"}, "done event from the job trigger has no result"),
+        ({"status": "failed"}, "failed event from the job trigger has no reason"),
+        ({"status": "timeout", "reason": ""}, "timeout event from the job trigger has no reason"),
+        ({"status": "failed", "reason": {"code": 3}}, "has no reason (text)"),
+    ],
+)
+def test_job_events_the_trigger_cannot_send_are_rejected(event: Any, message: str) -> None:
+    with pytest.raises(TriggerEventError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate_job_event(event)
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (None, "resumed without an event from the parents trigger"),
+        (["ready"], "is a list, expected a mapping"),
+        ({"status": "done"}, "status 'done', expected one of ready"),
+    ],
+)
+def test_parents_events_other_than_ready_are_rejected(event: Any, message: str) -> None:
+    with pytest.raises(TriggerEventError, match=message):
+        validate_parents_event(event)
+
+
+DAG_STATE_TRIGGER = "airflow.providers.standard.triggers.external_task.DagStateTrigger"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        (DAG_STATE_TRIGGER, {"run_ids": ["r2"], "r2": "failed"}),
+        [DAG_STATE_TRIGGER, {"run_ids": ["r2"], "r2": "failed"}],  # a tuple read back from the database
+    ],
+)
+def test_dag_state_events_name_the_run_and_its_state(event: Any) -> None:
+    assert validate_dag_state_event(event) == ("r2", "failed")
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (None, "resumed without an event from the DAG run state trigger"),
+        ({"run_ids": ["r2"], "r2": "success"}, "not a \\(class path, data\\) pair"),
+        (("path", ["r2"]), "is a list, expected a mapping"),
+        (("path", {"r2": "success"}), "exactly one run in run_ids: None"),
+        (("path", {"run_ids": ["r2", "r3"], "r2": "success"}), "exactly one run in run_ids"),
+        (("path", {"run_ids": "r2", "r2": "success"}), "exactly one run in run_ids: 'r2'"),
+        (("path", {"run_ids": ["r2"]}), "no state for run 'r2'"),
+    ],
+)
+def test_dag_state_events_without_one_run_and_its_state_are_rejected(event: Any, message: str) -> None:
+    with pytest.raises(TriggerEventError, match=message):
+        validate_dag_state_event(event)
+
+
+# ------------------------------------------------------------------------------ resuming operators
+
+
+@pytest.mark.parametrize(
+    "event",
+    [None, ("path", {"run_ids": []}), ("path", {"run_ids": ["r2"], "r2": None})],
+)
+def test_replan_task_fails_at_once_on_an_event_without_its_run(event: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_plan_provider.operators.replan import ReplanOperator
+
+    operator = ReplanOperator(task_id="replan", trigger_dag_id="plan")
+    with pytest.raises(AirflowFailException, match=r"task 'replan': the .*DAG run state trigger"):
+        operator.execute_complete({}, event)  # type: ignore[typeddict-item]
