@@ -24,6 +24,11 @@ class LockedNode:
     """A node that succeeded in an earlier revision: it may not change, and its output is reused.
 
     ``summary`` is a short bounded text of the output (or of its artifact), never the full output.
+
+    :param id: the node's id.
+    :param action: what the node did.
+    :param tool: the tool it called.
+    :param summary: a bounded summary of its output.
     """
 
     id: str
@@ -34,6 +39,22 @@ class LockedNode:
 
 @dataclass(frozen=True)
 class PlanRequest:
+    """What a planner is asked: a goal and the tools on offer, or, for a replan, the part to replace.
+
+    :param goal: what the session is for, in the user's words.
+    :param tools: the tools a plan may call.
+    :param limits: the size limits the plan must keep.
+    :param conf: the run's conf (untrusted user input), for planners that read values from it.
+    :param current_plan: for a replan, the plan that ran; ``None`` for a fresh plan.
+    :param locked: the nodes that succeeded earlier in the session and may not change.
+    :param failed_node: the node whose failure (or replan request) started the replan.
+    :param last_error: that node's error or replan reason.
+    :param affected: the ids of the subgraph to replace (the failed node and what depends on it).
+    :param revision: the revision the plan will be.
+    :param previous_reply: for a repair, the previous reply (bounded), as the model wrote it.
+    :param problems: for a repair, what the validator found wrong with the previous reply.
+    """
+
     goal: str
     tools: ToolRegistry
     limits: Limits = field(default_factory=Limits)
@@ -56,12 +77,20 @@ class PlanRequest:
 
 @dataclass
 class PlannerReply:
+    """A planner's answer with what it cost.
+
+    :param plan: the plan (a :class:`Plan`, a dict or JSON text), or ``None`` for no plan.
+    :param usage: token counts of the call (``prompt_tokens``, ``completion_tokens``), when known.
+    """
+
     plan: Plan | Mapping[str, Any] | str | None
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
 
 
 @runtime_checkable
 class Planner(Protocol):
+    """Anything with a ``plan(request)`` method: returns a :class:`PlannerReply`, a plan or ``None``."""
+
     def plan(self, request: PlanRequest) -> PlannerReply | Plan | Mapping[str, Any] | str | None: ...
 
 

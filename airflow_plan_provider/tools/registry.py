@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import jsonschema
 from pydantic import BaseModel, create_model
@@ -41,6 +41,7 @@ from pydantic import BaseModel, create_model
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
 # a tool's pool name becomes part of task ids (``layer_0__<pool>``): the characters Airflow allows there
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+F = TypeVar("F", bound=Callable[..., Any])  # a tool's function, returned unchanged by ToolRegistry.tool
 ALL_INSTALLED = "*"  # the explicit opt-in to every registry installed under ENTRY_POINT_GROUP
 
 
@@ -202,9 +203,41 @@ class ToolRegistry(Mapping[str, Tool]):
             merged.add(tool)
         return merged
 
+    @overload
     def tool(
         self,
-        func: Callable[..., Any] | None = None,
+        func: F,
+        *,
+        name: str | None = ...,
+        description: str | None = ...,
+        args: type[BaseModel] | Mapping[str, Any] | None = ...,
+        poll: Callable[..., Any] | None = ...,
+        poll_interval: float = ...,
+        timeout: float | None = ...,
+        pool: str | None = ...,
+        pool_slots: int = ...,
+        needs_approval: bool = ...,
+    ) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        func: None = None,
+        *,
+        name: str | None = ...,
+        description: str | None = ...,
+        args: type[BaseModel] | Mapping[str, Any] | None = ...,
+        poll: Callable[..., Any] | None = ...,
+        poll_interval: float = ...,
+        timeout: float | None = ...,
+        pool: str | None = ...,
+        pool_slots: int = ...,
+        needs_approval: bool = ...,
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        func: F | None = None,
         *,
         name: str | None = None,
         description: str | None = None,
@@ -215,7 +248,7 @@ class ToolRegistry(Mapping[str, Tool]):
         pool: str | None = None,
         pool_slots: int = 1,
         needs_approval: bool = False,
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """Register ``func`` as a tool (usable bare or with arguments); returns ``func`` unchanged.
 
         ``pool`` names an Airflow pool (create it with ``airflow pools set``): each node calling the tool
@@ -236,7 +269,7 @@ class ToolRegistry(Mapping[str, Tool]):
         :param needs_approval: mark the tool as risky.
         """
 
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def register(fn: F) -> F:
             self.add(
                 Tool(
                     name=name or fn.__name__,
