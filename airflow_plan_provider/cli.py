@@ -6,8 +6,8 @@
     airflow-plan freeze (PLAN.json | --api URL --source-dag DAG --source-run RUN [--token T | --user U])
                         --tools module:attr --dag-id ID --schedule SCHEDULE [--start-date YYYY-MM-DD]
                         [--param [NODE.]NAME=VALUE ...] [--approval risky|always|never] [-o FILE]
-    airflow-plan run PLAN.json --tools SPEC [--max-workers N] [--max-steps N] [--json]
-                               [--max-nodes N] [--max-depth N] [--max-bytes N]
+    airflow-plan run PLAN.json --tools SPEC [--planner SPEC [--max-replans N]] [--max-workers N]
+                               [--max-steps N] [--json] [--max-nodes N] [--max-depth N] [--max-bytes N]
 
 ``validate`` exits with status 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per
 problem on stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an
@@ -17,10 +17,11 @@ structure is checked (tool names and params are not), and a last line on stderr 
 
 ``run`` validates the plan as ``validate`` does, runs it in this process on ``--max-workers`` threads
 with the tools ``SPEC`` names (:mod:`airflow_plan_provider.plan.executor`: the plan DAG's rules, no
-Airflow) and prints the SessionResult (a summary, or with ``--json`` the JSON). Exit status 0 when the
-session completed, 1 when it failed, 2 for bad input (an unreadable or invalid plan, tools that cannot
-be loaded). A tools ``SPEC`` is ``module:attribute``, ``path/to/file.py:attribute`` or an installed
-entry-point name.
+Airflow) and prints the SessionResult (a summary, or with ``--json`` the JSON). With ``--planner`` a
+failure or a replan request is answered by a replan, as a plan DAG's replan run does. Exit status 0 when
+the session completed, 1 when it failed, 2 for bad input (an unreadable or invalid plan, tools or a
+planner that cannot be loaded). A tools ``SPEC`` is ``module:attribute``, ``path/to/file.py:attribute``
+or an installed entry-point name; a planner ``SPEC`` names a planner, or a class or function making one.
 
 ``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
 call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or
@@ -56,9 +57,10 @@ from airflow_plan_provider.freeze import (
 )
 from airflow_plan_provider.plan.approval import APPROVAL_MODES
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import DEFAULT_WORKERS, local_session, run_plan
+from airflow_plan_provider.plan.executor import DEFAULT_WORKERS, run_plan
 from airflow_plan_provider.plan.validate import Limits, validate_plan
-from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
+from airflow_plan_provider.planners.base import Planner
+from airflow_plan_provider.tools.registry import ToolRegistry, import_spec, load_tools
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -200,6 +202,18 @@ def _add_run(commands: Any) -> None:
         default=Budgets().max_steps,
         help="node executions allowed; default: %(default)s",
     )
+    run.add_argument(
+        "--planner",
+        metavar="SPEC",
+        help="a planner (or a function returning one) as module:attribute or path/to/file.py:attribute; "
+        "with it, a failure or a replan request is answered by a replan (without it the plan runs as given)",
+    )
+    run.add_argument(
+        "--max-replans",
+        type=_non_negative_int,
+        default=Budgets().max_replans,
+        help="with --planner; default: %(default)s",
+    )
     run.add_argument("--json", action="store_true", help="print the SessionResult as JSON")
     _add_plan_limits(run)
 
@@ -211,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
     tools = _tools(args.tools)
     if isinstance(tools, int):
         return tools
+    planner = _planner(args.planner) if args.planner else None
+    if isinstance(planner, int):
+        return planner
     try:
         plan = validate_plan(raw, tools, _limits(args))
     except PlanValidationError as error:
@@ -218,13 +235,29 @@ def _run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             _say(str(problem))
         return EXIT_USAGE
-    state = local_session(plan, Budgets(max_steps=args.max_steps))
-    result = run_plan(plan, tools, state=state, max_workers=args.max_workers)
+    result = run_plan(
+        plan,
+        tools,
+        planner=planner,
+        budgets=Budgets(max_steps=args.max_steps, max_replans=args.max_replans),
+        limits=_limits(args),
+        max_workers=args.max_workers,
+    )
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))  # ASCII: every control escaped
     else:
         print("\n".join(printable(line) for line in result.summary_text().splitlines()))
     return EXIT_OK if result.status == "completed" else EXIT_FAILED
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
 
 
 def _iso_date(text: str) -> date:
@@ -371,6 +404,21 @@ def _tools(spec: str) -> ToolRegistry | int:
         # load_tools's ImportError already names the module and the error it raised
         detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
         return _fail(f"cannot load tools {spec!r}: {detail}")
+
+
+def _planner(spec: str) -> Planner | int:
+    """The planner ``spec`` names (called when it names a class or a function), or the exit status after
+    one line saying why it cannot be loaded."""
+    try:
+        planner = import_spec(spec)
+        if isinstance(planner, type) or (callable(planner) and not isinstance(planner, Planner)):
+            planner = planner()
+    except (Exception, SystemExit) as error:  # a planner module may raise anything: one line
+        detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
+        return _fail(f"cannot load planner {spec!r}: {detail}")
+    if not isinstance(planner, Planner):
+        return _fail(f"planner {spec!r} is not a planner (no plan method): {type(planner).__name__}")
+    return planner
 
 
 def _validate(args: argparse.Namespace) -> int:

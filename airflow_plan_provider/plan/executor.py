@@ -30,16 +30,24 @@ from datetime import UTC, datetime
 from graphlib import TopologicalSorter
 from typing import Any, Literal
 
-from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
+from airflow_plan_provider.exceptions import (
+    PermanentToolError,
+    PlanningError,
+    ReplanRequested,
+    TransientToolError,
+)
 from airflow_plan_provider.plan.budgets import Budgets, step_allowed
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
+from airflow_plan_provider.plan.merge import merge_replan, plan_diff
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.result import Event, NodeRecord, SessionResult, now, summarize
-from airflow_plan_provider.plan.session import SessionState, conclude, lock_successes
+from airflow_plan_provider.plan.result import Event, NodeRecord, Revision, SessionResult, now, summarize
+from airflow_plan_provider.plan.session import Conclusion, SessionState, conclude, lock_successes
+from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.planners.base import Planner, plan_with_repairs, replan_request
 from airflow_plan_provider.tools.jobs import JobStatus
-from airflow_plan_provider.tools.registry import Tool, ToolContext
+from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 LOCAL_DAG_ID = "local"  # what a local run's events and idempotency keys name as their DAG
 DEFAULT_WORKERS = 4
@@ -54,8 +62,10 @@ OUTCOME_DETAILS = (
 )
 
 
-def local_session(plan: ValidatedPlan, budgets: Budgets | None = None) -> SessionState:
-    """A new session for running ``plan`` as given (a ready plan: no planner replans it)."""
+def local_session(
+    plan: ValidatedPlan, budgets: Budgets | None = None, source: Literal["planner", "conf"] = "conf"
+) -> SessionState:
+    """A new session for running ``plan``: ``conf`` for a ready plan (no planner replans it)."""
     run_id = f"local__{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}"
     return SessionState(
         dag_id=LOCAL_DAG_ID,
@@ -63,42 +73,51 @@ def local_session(plan: ValidatedPlan, budgets: Budgets | None = None) -> Sessio
         root_run_id=run_id,
         run_ids=[run_id],
         budgets=budgets or Budgets(),
-        plan_source="conf",
+        plan_source=source,
     )
 
 
 def run_plan(
     plan: ValidatedPlan,
-    tools: Mapping[str, Tool],
+    tools: ToolRegistry,
     *,
-    state: SessionState | None = None,
+    planner: Planner | None = None,
+    budgets: Budgets | None = None,
+    limits: Limits | None = None,
+    repair_attempts: int = 2,
     max_workers: int = DEFAULT_WORKERS,
     retries: int = 2,
     retry_delay: float = 1.0,
 ) -> SessionResult:
-    """Run ``plan`` (validated against ``tools``) to its end and report the session's result.
+    """Run ``plan`` (validated against ``tools``) to the end of its session and report the result.
 
-    ``state`` is the session the run belongs to (default: :func:`local_session`); its budgets bound the
-    steps, and its locked nodes are reused. ``retries`` tries more follow a failed try (not a permanent
-    failure), ``retry_delay`` seconds apart unless the tool asked for its own delay (``retry_after``).
+    Without a ``planner`` the plan is a ready plan: a replan request or a failure ends the session. With
+    one, a run that concludes "replan" asks it for the affected subgraph (the locked nodes are reused,
+    not run again) and runs the next revision, within ``budgets`` (steps and replans), as the plan
+    DAG's replan runs do; ``limits`` and ``repair_attempts`` apply to its replies. ``retries`` more
+    tries follow a failed try (not a permanent failure), ``retry_delay`` seconds apart unless the tool
+    asked for its own delay (``retry_after``).
     """
     if max_workers < 1:
         raise ValueError(f"max_workers must be at least 1, got {max_workers!r}")
     if retries < 0:
         raise ValueError(f"retries must be at least 0, got {retries!r}")
-    state = state or local_session(plan)
-    state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
-    state.event(
-        "plan.validated",
-        nodes=plan.node_ids,
-        layers=plan.layers,
-        execute=state.execution_order,
-        reuse=[n for n in plan.node_ids if n in state.locked],
-        source=state.plan_source,
-    )
-    runner = _NodeRunner(plan, tools, state, retries, retry_delay)
-    records, outputs = _run_nodes(plan, runner, max_workers)
-    return _finish(plan, records, outputs, state)
+    state = local_session(plan, budgets, "planner" if planner is not None else "conf")
+    while True:
+        _record_plan(state, plan)
+        runner = _NodeRunner(plan, tools, state, retries, retry_delay)
+        records, outputs = _run_nodes(plan, runner, max_workers)
+        _record_outcomes(state, plan, records, outputs)
+        conclusion = conclude(plan, records, state)
+        shown = {n: outputs[n] for n in plan.node_ids if n in outputs}
+        if conclusion.kind != "replan" or planner is None:
+            return _finish(state, conclusion, shown)
+        _prepare_replan(state, conclusion, records)
+        try:
+            plan = _replan(planner, state, plan, tools, limits or Limits(), repair_attempts)
+        except PlanningError as error:
+            state.event("session.finished", status="failed", reason="replan_failed")
+            return state.result("failed", "replan_failed", str(error))
 
 
 @dataclass
@@ -137,7 +156,7 @@ def _run_nodes(
 @dataclass
 class _NodeRunner:
     plan: ValidatedPlan
-    tools: Mapping[str, Tool]
+    tools: ToolRegistry
     state: SessionState
     retries: int
     retry_delay: float
@@ -288,17 +307,79 @@ class _Call:
         return _Outcome(record, output if status == "success" else None)
 
 
-def _finish(
-    plan: ValidatedPlan, records: dict[str, NodeRecord], outputs: dict[str, Any], state: SessionState
-) -> SessionResult:
-    """Add the run's records to the session, conclude, and report (the finalize task's part)."""
+def _record_plan(state: SessionState, plan: ValidatedPlan) -> None:
+    state.current_plan = plan.as_plan().to_json_dict()
+    state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
+    state.event(
+        "plan.validated",
+        nodes=plan.node_ids,
+        layers=plan.layers,
+        execute=state.execution_order,
+        reuse=[n for n in plan.node_ids if n in state.locked],
+        source=state.plan_source,
+    )
+
+
+def _record_outcomes(
+    state: SessionState, plan: ValidatedPlan, records: dict[str, NodeRecord], outputs: dict[str, Any]
+) -> None:
     executed = [r for r in records.values() if not r.reused and r.status != "skipped"]
     state.usage.steps += len(executed)
     state.history.extend(records.values())
     state.events.extend(in_order(event for record in records.values() for event in record.events))
     lock_successes(plan, records, outputs, state)
-    conclusion = conclude(plan, records, state)
-    final = {n: outputs[n] for n in plan.node_ids if n in outputs}
+
+
+def _prepare_replan(state: SessionState, conclusion: Conclusion, records: dict[str, NodeRecord]) -> None:
+    trigger = next(iter(conclusion.failed + conclusion.replan_requested), None)
+    state.event(
+        "replan.requested",
+        trigger,
+        reason=conclusion.reason,
+        message=conclusion.message,
+        failed={n: records[n].error or "" for n in conclusion.failed},
+        replan_requested={n: records[n].error or "" for n in conclusion.replan_requested},
+        next_revision=state.revision + 1,
+    )
+    state.usage.replans += 1
+    state.revision += 1
+    state.run_ids.append(f"{state.root_run_id}__replan_{state.revision}")
+    state.failed, state.replan_requested = conclusion.failed, conclusion.replan_requested
+    state.last_error = conclusion.message
+
+
+def _replan(
+    planner: Planner,
+    state: SessionState,
+    current: ValidatedPlan,
+    tools: ToolRegistry,
+    limits: Limits,
+    repair_attempts: int,
+) -> ValidatedPlan:
+    outcome = plan_with_repairs(
+        planner,
+        replan_request(state, current, tools, limits),
+        lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
+        repair_attempts=repair_attempts,
+    )
+    for usage in outcome.usage:
+        state.usage.add_tokens(usage)
+    diff = plan_diff(current, outcome.plan)
+    trigger = state.failed + state.replan_requested
+    state.revisions.append(
+        Revision(
+            revision=state.revision,
+            run_id=state.run_ids[-1],
+            reason=state.last_error or "",
+            trigger_node=trigger[0] if trigger else None,
+            diff=diff,
+        )
+    )
+    state.event("plan.diff", **diff.model_dump(), attempts=outcome.attempts)
+    return outcome.plan
+
+
+def _finish(state: SessionState, conclusion: Conclusion, final: dict[str, Any]) -> SessionResult:
     if conclusion.kind == "done":
         state.event("session.finished", status="completed", reason="goal_met")
         return state.result("completed", "goal_met", conclusion.message, final)

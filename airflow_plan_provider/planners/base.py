@@ -13,8 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
+from airflow_plan_provider.plan.decisions import affected_subgraph
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem, capped
+from airflow_plan_provider.plan.session import SessionState, statuses_of
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.tools.registry import ToolRegistry
 
@@ -73,6 +75,37 @@ class PlanRequest:
     @property
     def is_replan(self) -> bool:
         return self.current_plan is not None
+
+
+def replan_request(
+    state: SessionState,
+    current: ValidatedPlan,
+    tools: ToolRegistry,
+    limits: Limits | None = None,
+    conf: Mapping[str, Any] | None = None,
+) -> PlanRequest:
+    """What the planner is asked when a session replans (``state`` is the next revision's session,
+    ``current`` the plan the last revision ran): the locked nodes, the node that started the replan and
+    why, and the affected subgraph (the failed nodes and every descendant of a failed or
+    replan-requesting node, except those that succeeded)."""
+    last = {r.node_id: r for r in state.history if r.revision == state.revision - 1}
+    affected = affected_subgraph(current, statuses_of(last), state.failed, state.replan_requested)
+    locked = tuple(
+        LockedNode(id=n, action=lo.action, tool=lo.tool, summary=lo.summary) for n, lo in state.locked.items()
+    )
+    trigger = state.failed + state.replan_requested
+    return PlanRequest(
+        goal=state.goal,
+        tools=tools,
+        limits=limits or Limits(),
+        conf=dict(conf or {}),
+        current_plan=current.as_plan(),
+        locked=locked,
+        failed_node=trigger[0] if trigger else None,
+        last_error=state.last_error,
+        affected=tuple(sorted(affected)),
+        revision=state.revision,
+    )
 
 
 @dataclass

@@ -348,13 +348,22 @@ def load_tools(spec: str | Mapping[str, Tool] | None) -> ToolRegistry:
             registry = registry.merge(_as_registry(_load_entry_point(point), point.name))
         return registry
     if ":" in spec:
-        module_name, _, attribute = spec.partition(":")
-        module = _import_tool_module(module_name)
-        return _as_registry(getattr(module, attribute), spec)
+        return _as_registry(import_spec(spec), spec)
     for point in points:
         if point.name == spec:
             return _as_registry(_load_entry_point(point), spec)
     raise LookupError(f"no tool registry named {spec!r}; installed: {installed_registries() or 'none'}")
+
+
+def import_spec(spec: str) -> Any:
+    """The attribute ``spec`` names: ``"module:attribute"`` or ``"path/to/file.py:attribute"`` (a file
+    as :func:`load_tools` imports it). Raises ``ImportError`` naming a module that fails to import, and
+    ``AttributeError`` for a missing attribute."""
+    module_name, _, attribute = spec.partition(":")
+    module = _import_tool_module(module_name)
+    if not hasattr(module, attribute):
+        raise AttributeError(f"module {module_name!r} has no attribute {attribute!r}")
+    return getattr(module, attribute)
 
 
 def _import_tool_module(module: str) -> Any:

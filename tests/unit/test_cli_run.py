@@ -12,10 +12,11 @@ from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan
-from tests.unit.test_cli import run_cli
+from tests.unit.test_cli import ROOT, run_cli
 
 DEMO_TOOLS = "airflow_plan_provider.example.tools:registry"
 DEMO_GOAL = "find why the payment API got slow yesterday and write a report"
+SEED_PLAN_FILE = ROOT / "dags" / "plan_demo" / "seed_plan.json"
 
 SCRIPTED_TOOLS = """
 import os
@@ -36,14 +37,16 @@ def demo_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def demo_seed_plan(demo_env: Path) -> Path:
-    """The seed scenario's plan as the demo's planner writes it for the demo's tools."""
+    """The demo's seed plan file (the plan the demo's planner writes for its goal)."""
+    return SEED_PLAN_FILE
+
+
+def test_the_demo_seed_plan_file_is_the_plan_the_demo_planner_writes() -> None:
     from airflow_plan_provider.example.tools import registry
     from airflow_plan_provider.planners.rules import payment_latency_planner
 
     plan = payment_latency_planner().plan(PlanRequest(goal=DEMO_GOAL, tools=registry))
-    path = demo_env / "seed_plan.json"
-    path.write_text(json.dumps(plan))
-    return path
+    assert json.loads(SEED_PLAN_FILE.read_text()) == plan
 
 
 @pytest.fixture
@@ -72,6 +75,34 @@ def test_seed_plan_with_the_demo_tools_prints_the_session_result(demo_seed_plan:
         "node 6 [write_report] skipped",
     ]
     assert "steps: 4" in result.stdout
+
+
+def test_with_the_demo_planner_the_seed_session_replans_and_completes(
+    demo_seed_plan: Path, demo_env: Path
+) -> None:
+    planner = "airflow_plan_provider.planners.rules:payment_latency_planner"
+    result = run_cli("run", str(demo_seed_plan), "--tools", DEMO_TOOLS, "--planner", planner)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [
+        "status: completed (goal_met)",
+        f"goal: {DEMO_GOAL}",
+        "message: every node succeeded",
+    ]
+    assert lines[3].startswith("runs: 2  replans: 1  steps: 6")
+    assert lines[4].startswith("revision 1 (node 3 requested a replan: no deploys of payment-api on ")
+    assert lines[4].endswith("removed [] added [] revised ['5']")
+    nodes = [line.split(":")[0].strip() for line in lines if line.startswith("  node ")]
+    assert nodes == [
+        "node 1 [query_metrics] success (reused)",
+        "node 2 [query_service_health] success (reused)",
+        "node 3 [query_deploys] success (reused)",
+        "node 4 [query_error_logs] success (reused)",
+        "node 5 [analyze_correlation] success",
+        "node 6 [write_report] success",
+    ]
+    reports = list((demo_env / "reports").iterdir())
+    assert len(reports) == 1 and "fraud-check" in reports[0].read_text()
 
 
 def test_json_output_is_the_session_result(demo_seed_plan: Path) -> None:
@@ -125,6 +156,8 @@ def test_an_invalid_plan_is_bad_input_and_nothing_runs(scripted: CallLog, tmp_pa
         ("run", "seed.json", "--tools", "no_such_module:registry"),
         ("run", "seed.json", "--tools", "no/such/file.py:registry"),
         ("run", "seed.json"),  # --tools is required
+        ("run", "seed.json", "--tools", "seed_tools:registry", "--planner", "seed_tools:registry"),
+        ("run", "seed.json", "--tools", "seed_tools:registry", "--planner", "seed_tools:nothing"),
         ("run", "seed.json", "--tools", "seed_tools:registry", "--max-workers", "0"),
     ],
 )

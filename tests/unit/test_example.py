@@ -1,5 +1,6 @@
-"""The flagship demo without Airflow: the dataset, the six tools, the template planner and a full walk
-of the scenario (plan, deploy query requests a replan, node 5 revised, report names fraud-check)."""
+"""The flagship demo without Airflow: the dataset, the six tools, the template planner, and the scenario's
+whole session run by the local executor (deploy query requests a replan, node 5 revised, report names
+fraud-check)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from airflow_plan_provider.example.tools import (
     registry,
     write_report,
 )
-from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested, ToolError
+from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested
+from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.merge import PlanDiff, merge_replan
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.references import MissingInput, resolve
+from airflow_plan_provider.plan.references import MissingInput
+from airflow_plan_provider.plan.result import NodeRecord, SessionResult
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.planners.base import LockedNode, PlanRequest
 from airflow_plan_provider.planners.rules import (
@@ -320,65 +323,28 @@ def test_static_planner() -> None:
 # --- the scenario, walked in process -------------------------------------------------------------
 
 
-def walk(goal: str) -> tuple[dict[str, Any], list[PlanDiff], dict[str, tuple[str, ...]]]:
-    """Run the plan layer by layer as the node tasks would: resolve references, skip below a failed hard
-    parent or a replan request, name missing optional inputs; then replan as the planning task would,
-    until a run has no failure and no replan request, or the planner has no replacement."""
-    planner = payment_latency_planner()
-    plan = demo_plan(goal)
-    outputs: dict[str, Any] = {}
-    diffs: list[PlanDiff] = []
-    missing_of: dict[str, tuple[str, ...]] = {}
-    for revision in range(3):
-        failed: dict[str, str] = {}
-        requested: dict[str, str] = {}
-        for node_id in (n for layer in plan.layers for n in layer if n not in outputs):
-            parents = plan.parents[node_id]
-            if any(p in requested for p in parents):
-                continue
-            if any(p not in outputs and not plan.is_optional(p, node_id) for p in parents):
-                continue
-            missing_of[node_id] = tuple(p for p in parents if p not in outputs)
-            node = plan.node(node_id)
-            params = resolve(node.params, outputs)
-            params = {k: None if isinstance(v, MissingInput) else v for k, v in params.items()}
-            tool = registry[node.tool]
-            assert [e.message for e in tool.validator.iter_errors(params)] == []
-            context = ToolContext(node_id, f"walk/{node_id}/r{revision}", missing_inputs=missing_of[node_id])
-            try:
-                outputs[node_id] = tool.call(params, context)
-            except ReplanRequested as request:
-                outputs[node_id] = request.output
-                requested[node_id] = request.reason
-            except ToolError as error:
-                failed[node_id] = error.reason
-        if not failed and not requested:
-            break
-        message = "; ".join(
-            [f"node {n} failed: {e}" for n, e in failed.items()]
-            + [f"node {n} requested a replan: {e}" for n, e in requested.items()]
-        )
-        replacement = planner.plan(
-            replan_request(plan, [*failed, *requested][0], message, locked=set(outputs))
-        )
-        if replacement is None:
-            break
-        merged, diff = merge_replan(plan.as_plan(), replacement, locked=set(outputs))
-        diffs.append(diff)
-        plan = validate_plan(merged, registry)
-    return outputs, diffs, missing_of
+def walk(goal: str) -> SessionResult:
+    """The scenario's whole session, run by the local executor with the demo's planner."""
+    return run_plan(demo_plan(goal), registry, planner=payment_latency_planner(), retry_delay=0)
+
+
+def last_records(result: SessionResult) -> dict[str, NodeRecord]:
+    return {record.node_id: record for record in result.history if record.revision == len(result.revisions)}
 
 
 def test_scenario_replans_and_reports_fraud_check() -> None:
-    outputs, diffs, missing = walk(GOAL)
-    assert [d.revised for d in diffs] == [["5"]] and not diffs[0].added and not diffs[0].removed
-    assert outputs["3"] == []
+    result = walk(GOAL)
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert [r.diff for r in result.revisions] == [PlanDiff(revised=["5"])]
+    assert result.revisions[0].trigger_node == "3"
+    outputs, last = result.outputs, last_records(result)
+    assert outputs["3"] == [] and all(last[n].reused for n in "1234")
     assert outputs["5"]["top"]["dependency"] == "fraud-check"
     report = Path(outputs["6"]["path"])
-    assert report.name == f"{outputs['1']['day']}_walk_6_r1.md"  # the day it covers, then the call's key
+    assert report.name.startswith(f"{outputs['1']['day']}_local_")  # the day it covers, then the call's key
     text = report.read_text()
     assert "fraud-check" in text and "upstream timeout calling fraud-check" in text
-    assert "Missing inputs" not in text and missing["6"] == ()
+    assert "Missing inputs" not in text and last["6"].missing_inputs == []
 
 
 def test_scenario_without_error_logs_still_reports(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -386,11 +352,14 @@ def test_scenario_without_error_logs_still_reports(monkeypatch: pytest.MonkeyPat
         raise PermanentToolError("log store unavailable")
 
     monkeypatch.setattr(registry["query_error_logs"], "func", broken)
-    outputs, diffs, missing = walk(GOAL)
+    result = walk(GOAL)
     # node 4 failed next to node 3's request: the replacement carries node 4 over, so it runs again
-    assert [d.revised for d in diffs] == [["5"]] and not diffs[0].removed
-    assert "4" not in outputs and missing["5"] == ("4",) and missing["6"] == ("4",)
-    text = Path(outputs["6"]["path"]).read_text()
+    assert [r.diff for r in result.revisions] == [PlanDiff(revised=["5"])]
+    last = last_records(result)
+    assert last["4"].status == "failed" and not last["4"].reused and "4" not in result.outputs
+    assert last["5"].missing_inputs == ["4"] and last["6"].missing_inputs == ["4"]
+    assert result.status == "completed" and "failed optional input(s) 4" in result.message
+    text = Path(result.outputs["6"]["path"]).read_text()
     assert "fraud-check" in text and "node 4" in text and "No error-log data" in text
 
 

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import local_session, run_plan
+from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.result import Event, SessionResult
-from airflow_plan_provider.plan.session import LockedOutput
 from airflow_plan_provider.plan.validate import validate_plan
-from airflow_plan_provider.testing.scripted import CallLog, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_tools
+from airflow_plan_provider.testing.scripted import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_tools
 
 
 @pytest.fixture
@@ -149,7 +148,7 @@ def test_a_permanent_failure_is_not_retried(log: CallLog) -> None:
 def test_the_step_budget_stops_execution(log: CallLog) -> None:
     tools = scripted_registry(*seed_tools(log))
     plan = validate_plan(seed_plan(), tools)
-    result = run_plan(plan, tools, state=local_session(plan, Budgets(max_steps=3)), retry_delay=0)
+    result = run_plan(plan, tools, budgets=Budgets(max_steps=3), retry_delay=0)
     by_id = records(result)
     assert [n for n in "1234" if by_id[n].status == "success"] == ["1", "2", "3"]
     assert by_id["4"].budget_exhausted and by_id["4"].status == "skipped"
@@ -211,22 +210,43 @@ def test_an_asynchronous_tool_is_polled_to_its_result(log: CallLog) -> None:
     assert (by_id["2"].status, by_id["2"].error) == ("failed", "job failed: quota exceeded")
 
 
-def test_a_locked_node_is_reused_without_calling_its_tool(log: CallLog) -> None:
-    tools = scripted_registry(*seed_tools(log))
+def test_with_a_planner_a_replan_request_starts_a_revision_that_reuses_the_locked_nodes(log: CallLog) -> None:
+    planner, scripted = seed_replan_story(log)
+    tools = scripted_registry(*scripted)
+    result = run_plan(validate_plan(seed_plan(), tools), tools, planner=planner, retry_delay=0)
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert len(result.run_ids) == 2 and result.usage.replans == 1
+    assert result.revisions[0].diff.revised == ["5"] and result.revisions[0].trigger_node == "3"
+    request = planner.requests[-1]
+    assert request.failed_node == "3" and request.affected == ("5", "6")
+    assert request.last_error == "node 3 requested a replan: query_deploys: no deploys yesterday"
+    last = {r.node_id: r for r in result.history if r.revision == 1}
+    assert all(last[n].reused and last[n].attempts == 0 for n in "1234")
+    assert [log.count(node=n) for n in "123456"] == [1, 1, 1, 1, 1, 1]  # nothing ran twice
+    assert result.outputs["5"] == {"inputs": ["health", "latency"]}
+    assert result.usage.steps == 6  # 1-4 in revision 0, then 5 and 6
+    types = [e.type for e in result.events]
+    assert types.count("replan.requested") == 1 and types.count("plan.diff") == 1
+    assert [e.type for e in node_events(result, "1")][-1] == "node.reused"
+
+
+def test_a_replan_is_refused_when_the_replan_budget_is_spent(log: CallLog) -> None:
+    planner, scripted = seed_replan_story(log)
+    tools = scripted_registry(*scripted)
     plan = validate_plan(seed_plan(), tools)
-    state = local_session(plan)
-    state.locked = {
-        "1": LockedOutput(
-            action="query latency metrics", tool="query_metrics", output={"p99": 1}, summary="p99 1"
-        )
-    }
-    result = run_plan(plan, tools, state=state)
-    record = records(result)["1"]
-    assert record.reused and record.attempts == 0 and record.output_summary == "p99 1"
-    assert log.count("query_metrics") == 0 and log.count() == 5
-    assert result.outputs["1"] == {"p99": 1}
-    assert result.usage.steps == 5 and result.status == "completed"
-    assert [e.type for e in node_events(result, "1")] == ["node.reused"]
+    result = run_plan(plan, tools, planner=planner, budgets=Budgets(max_replans=0), retry_delay=0)
+    assert (result.status, result.reason) == ("failed", "replan_budget")
+    assert planner.requests == [] and len(result.run_ids) == 1
+
+
+def test_a_planner_with_no_replacement_fails_the_session(log: CallLog) -> None:
+    _, scripted = seed_replan_story(log)
+    tools = scripted_registry(*scripted)
+    result = run_plan(
+        validate_plan(seed_plan(), tools), tools, planner=ScriptedPlanner(seed_plan()), retry_delay=0
+    )
+    assert (result.status, result.reason) == ("failed", "replan_failed")
+    assert "the planner returned no plan" in result.message
 
 
 def test_bad_settings_are_refused(log: CallLog) -> None:
