@@ -104,12 +104,12 @@ class ControlRetries:
 
 READY_PLAN_EXAMPLE = """{
   "nodes": [
-    {"id": "1", "action": "query latency", "tool": "query_metrics",
-     "params": {"service": "payment-api", "day": "yesterday"}},
-    {"id": "2", "action": "query dependency health", "tool": "query_service_health",
-     "params": {"service": "payment-api"}},
-    {"id": "3", "action": "correlate", "tool": "analyze_correlation",
-     "params": {"latency": "${1}", "against": "${2}", "label": "dependency health"}}
+    {"id": "1", "action": "fetch yesterday's orders", "tool": "<a tool of this DAG>",
+     "params": {"day": "yesterday"}},
+    {"id": "2", "action": "fetch yesterday's refunds", "tool": "<a tool of this DAG>",
+     "params": {"day": "yesterday"}},
+    {"id": "3", "action": "compare them", "tool": "<a tool of this DAG>",
+     "params": {"orders": "${1}", "refunds": "${2.items}"}}
   ],
   "edges": [{"from": "1", "to": "3"}, {"from": "2", "to": "3"}]
 }"""
@@ -128,7 +128,7 @@ def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Par
                 "Optional. A plan to run as given: the planner is skipped, the plan is validated as is "
                 "(an invalid one is rejected with its problems) and never replanned. Each node calls one "
                 "of this DAG's tools; `${ID}` passes node ID's output, `${ID.field}` part of it. "
-                "Example (with the tools of the example DAG):\n\n```json\n" + READY_PLAN_EXAMPLE + "\n```"
+                "Example (put this DAG's tools and params in):\n\n```json\n" + READY_PLAN_EXAMPLE + "\n```"
             ),
         ),
         "max_replans": Param(

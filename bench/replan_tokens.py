@@ -36,11 +36,11 @@ from typing import Any
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dags"))  # the demo's tools: plan_demo
 
 from _planbench import load_note
 
 from airflow_plan_provider.dag_factory import plan_params
-from airflow_plan_provider.example.tools import registry
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.model import Plan
 from airflow_plan_provider.plan.result import summarize
@@ -50,6 +50,7 @@ from airflow_plan_provider.planners.base import LockedNode, PlanRequest
 from airflow_plan_provider.planners.llm import LLMPlanner
 from airflow_plan_provider.planners.llm_prompt import build_messages, encode_reply
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
+from plan_demo.tools import registry
 
 GOAL = "find why the payment API got slow yesterday"
 SVC = {"service": "payment-api", "day": "yesterday"}

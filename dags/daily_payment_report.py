@@ -17,7 +17,7 @@ Nodes (each run validates and executes exactly these, strings rendered as Jinja 
 
 Written by ``airflow-plan freeze`` (see the README) with the options:
 
-    --tools airflow_plan_provider.example.tools:registry
+    --tools plan_demo.tools:registry
     --dag-id daily_payment_report
     --schedule @daily
     --start-date 2024-01-01
@@ -31,7 +31,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from airflow_plan_provider import build_plan_dag
-from airflow_plan_provider.example.tools import registry as tools
+from plan_demo.tools import registry as tools
 
 PLAN = {
     "goal": "find why the payment API got slow yesterday and write a report",

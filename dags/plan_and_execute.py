@@ -13,9 +13,9 @@ connection (any OpenAI-compatible endpoint).
 from __future__ import annotations
 
 from airflow_plan_provider import build_plan_dag
-from airflow_plan_provider.example.tools import registry
 from airflow_plan_provider.planners.llm import LLMPlanner
-from airflow_plan_provider.planners.rules import payment_latency_planner
+from plan_demo.planner import payment_latency_planner
+from plan_demo.tools import registry
 
 GOAL = "find why the payment API got slow yesterday and write a report"
 

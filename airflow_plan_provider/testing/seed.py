@@ -2,7 +2,7 @@
 
 Nodes 1-4 query independently (latency, dependency health, deploys, error logs), 5 correlates (after
 1-4), 6 writes the report (after 5): layers ``[1, 2, 3, 4] → [5] → [6]``. The tool names match
-:func:`seed_tools`-style scripted tools, not the demo's real tools (see ``airflow_plan_provider.example``).
+:func:`seed_tools`-style scripted tools, not the real tools of the example DAGs' demo.
 """
 
 from __future__ import annotations

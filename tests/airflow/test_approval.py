@@ -260,7 +260,7 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     always = build("apv_always", registry(log, risky=False), approval="always")
     assert "approve" in always.task_ids
     # tools named by a spec string are loaded when the DAG is built: the demo's tools are not risky
-    assert "approve" not in build("apv_spec", "airflow_plan_provider.example.tools:registry").task_ids
+    assert "approve" not in build("apv_spec", "plan_demo.tools:registry").task_ids
     assert build("apv_none", registry(log, risky=False)).get_task("layer_0").trigger_rule == "all_success"
     with pytest.raises(ValueError, match="approval must be one of"):
         build("apv_bad", registry(log), approval="maybe")

@@ -39,7 +39,10 @@ with open(sys.argv[2], "w") as handle:
 def parse_in_new_process(dag_folder: Path, out: Path) -> dict[str, Any]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        # the dags folder too, as Airflow puts it on sys.path: the example DAGs import plan_demo
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), str(ROOT / "dags"), os.environ.get("PYTHONPATH")])
+        ),
     }
     result = subprocess.run(
         [sys.executable, "-c", PARSE_AND_SERIALIZE, str(dag_folder), str(out)],
@@ -81,7 +84,7 @@ options = dict(
 llm = LLMPlanner(conn_id="x")
 eager = build_plan_dag("every_option_eager", planner=llm, tools=tools, eager=True, **options)
 layered = build_plan_dag("every_option_layered", planner=ScriptedPlanner(None), tools=dict(tools), **options)
-by_spec = build_plan_dag("by_spec", planner=None, tools="airflow_plan_provider.example.tools:registry")
+by_spec = build_plan_dag("by_spec", planner=None, tools="plan_demo.tools:registry")
 """
 
 

@@ -32,7 +32,7 @@ from airflow_plan_provider.freeze import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DAILY = ROOT / "dags" / "daily_payment_report.py"
-TOOLS = "airflow_plan_provider.example.tools:registry"
+TOOLS = "plan_demo.tools:registry"
 DAY = "{{ macros.ds_add(ds, -1) }}"
 
 
@@ -135,7 +135,7 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
         "tags": "['plan', 'frozen']",
         "doc_md": "__doc__",
     }
-    assert "from airflow_plan_provider.example.tools import registry as tools\n" in text
+    assert "from plan_demo.tools import registry as tools\n" in text
     by_name = render(demo_plan(), tools="example_tools", import_tools=False, approval="always")
     assert module_parts(by_name)[2]["tools"] == "'example_tools'"
     assert module_parts(by_name)[2]["approval"] == "'always'"

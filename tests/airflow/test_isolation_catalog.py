@@ -109,7 +109,7 @@ def test_installed_registries_are_offered_only_when_named(tmp_path: Path) -> Non
 def test_example_dag_names_the_demo_registry() -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    from airflow_plan_provider.example.tools import registry
+    from plan_demo.tools import registry
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}

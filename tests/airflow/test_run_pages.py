@@ -128,7 +128,6 @@ def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
 
 def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
     from airflow_plan_provider.dag_factory import plan_params
-    from airflow_plan_provider.example.tools import registry
     from airflow_plan_provider.plan.validate import validate_plan
 
     form = {name: param.dump() for name, param in plan_params("a goal").items()}
@@ -137,7 +136,8 @@ def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
     assert "replan" in form["max_replans"]["description"] and "tool calls" in form["max_steps"]["description"]
     text = form["plan"]["schema"]["description_md"]
     example = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
-    assert validate_plan(example, registry).layers == [["1", "2"], ["3"]]
+    assert validate_plan(example).layers == [["1", "2"], ["3"]]  # a valid shape, with no DAG's tools in it
+    assert {node["tool"] for node in example["nodes"]} == {"<a tool of this DAG>"}
 
 
 def test_plan_llm_connection_form_through_the_hook_meta_endpoint():

@@ -48,8 +48,11 @@ def celery_cluster(
     require_postgres_and_redis()
     dags = base / "dags"
     dags.mkdir()
-    for dag_file in dag_files:
-        shutil.copy(dag_file, dags)
+    for dag_file in dag_files:  # a directory (the example DAGs' plan_demo package) is copied whole
+        if dag_file.is_dir():
+            shutil.copytree(dag_file, dags / dag_file.name)
+        else:
+            shutil.copy(dag_file, dags)
     t0 = time.monotonic()
     with (
         PostgresDatabase() as db,

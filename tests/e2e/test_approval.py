@@ -41,7 +41,7 @@ GOAL = "find why the payment API got slow yesterday and write a report"
 SECRET = "sk-e2e-approval-secret-0042"  # as in dags/approval_dags.py
 DAG_IDS = ("e2e_approval", "e2e_approval_timeout", "e2e_approval_replan", EXAMPLE, FROZEN)
 FREEZE_ARGS = [  # as the committed dags/daily_payment_report.py was written (see its docstring)
-    "--tools=airflow_plan_provider.example.tools:registry",
+    "--tools=plan_demo.tools:registry",
     "--dag-id=daily_payment_report",
     "--schedule=@daily",
     "--start-date=2024-01-01",
@@ -92,6 +92,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     home.mkdir()
     for source in (APPROVAL_DAGS, ROOT / "dags" / "plan_and_execute.py", DAILY):
         shutil.copy(source, dags)
+    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     passwords = {user: secrets.token_urlsafe(12) for user in ("admin", "alice", "mallory")}
     # the simple auth manager keeps (and would generate) its users' passwords in this file
     (home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps(passwords))
@@ -289,7 +290,11 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
         "-o",
         str(output),
     ]
-    child_env = {**os.environ, "AIRFLOW_PLAN_API_PASSWORD": env.passwords["alice"]}
+    child_env = {
+        **os.environ,
+        "AIRFLOW_PLAN_API_PASSWORD": env.passwords["alice"],
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dags")]),  # --tools plan_demo.tools:registry
+    }
     done = subprocess.run(command, capture_output=True, text=True, env=child_env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
 

@@ -40,7 +40,11 @@ def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCl
     }
     # Two slots per worker: the four independent queries of the first layer cannot all fit on one.
     with celery_cluster(
-        base, [ROOT / "dags" / "plan_and_execute.py"], [EXAMPLE], env=extra, worker_concurrency=2
+        base,
+        [ROOT / "dags" / "plan_and_execute.py", ROOT / "dags" / "plan_demo"],
+        [EXAMPLE],
+        env=extra,
+        worker_concurrency=2,
     ) as (running, db):
         yield running, db
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.planners.rules import fill_template
+from airflow_plan_provider.planners.template import fill_template
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
 from airflow_plan_provider.testing.sessions import node_states, session_result
@@ -28,7 +28,7 @@ from airflow_plan_provider.testing.sessions import node_states, session_result
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / "airflow_plan_provider" / "example" / "templates"
+TEMPLATES = ROOT / "dags" / "plan_demo" / "templates"
 DAG_ID = "plan_and_execute_llm"
 GOAL = "find why the payment API got slow yesterday and write a report"
 API_KEY = f"sk-test-{secrets.token_hex(16)}"
@@ -95,6 +95,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, server: OpenAITestServer) 
     dags = base / "dags"
     dags.mkdir()
     shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
+    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     connection = {
         "conn_type": "plan_llm",
         "host": server.base_url,

@@ -50,6 +50,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     dags = base / "dags"
     dags.mkdir()
     shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
+    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     for source in SCRIPTED_DAGS.glob("*.py"):
         shutil.copy(source, dags)
     calls, reports = base / "calls", base / "reports"

@@ -87,6 +87,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
     dags = base / "dags"
     dags.mkdir()
     shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
+    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     env = {
         "PLAN_REPORT_DIR": str(base / "reports"),
         "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),

@@ -164,6 +164,8 @@ def test_every_airflow_service_mounts_the_dags_and_the_shared_volumes() -> None:
     assert store.scheme == "file" and store.path == f"{AIRFLOW_HOME}/plan_artifacts"
     assert env("airflow-apiserver")["PLAN_REPORT_DIR"].startswith(f"{AIRFLOW_HOME}/plan_artifacts/")
     assert (ROOT / "dags" / "plan_and_execute.py").is_file()
+    # the image holds only the provider: the mounted folder brings the demo the example DAG imports
+    assert (ROOT / "dags" / "plan_demo" / "tools.py").is_file()
 
 
 def test_the_init_service_runs_first_and_postgres_and_redis_are_healthy_before_use() -> None:

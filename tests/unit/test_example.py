@@ -14,16 +14,6 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.example import dataset
-from airflow_plan_provider.example.tools import (
-    analyze_correlation,
-    query_deploys,
-    query_error_logs,
-    query_metrics,
-    query_service_health,
-    registry,
-    write_report,
-)
 from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested
 from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.merge import PlanDiff, merge_replan
@@ -32,14 +22,20 @@ from airflow_plan_provider.plan.references import MissingInput
 from airflow_plan_provider.plan.result import NodeRecord, SessionResult
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.planners.base import LockedNode, PlanRequest
-from airflow_plan_provider.planners.rules import (
-    PlanRule,
-    ReplanRule,
-    TemplatePlanner,
-    payment_latency_planner,
-)
 from airflow_plan_provider.planners.static import StaticPlanner
+from airflow_plan_provider.planners.template import PlanRule, ReplanRule, TemplatePlanner
 from airflow_plan_provider.tools.registry import ToolContext
+from plan_demo import dataset
+from plan_demo.planner import payment_latency_planner
+from plan_demo.tools import (
+    analyze_correlation,
+    query_deploys,
+    query_error_logs,
+    query_metrics,
+    query_service_health,
+    registry,
+    write_report,
+)
 
 GOAL = "find why the payment API got slow yesterday and write a report"
 LOCKED = {"1", "2", "3", "4"}

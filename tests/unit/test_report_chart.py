@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plan_provider.example import dataset
-from airflow_plan_provider.example.tools import (
+from airflow_plan_provider.tools.registry import ToolContext
+from plan_demo import dataset
+from plan_demo.tools import (
     analyze_correlation,
     query_metrics,
     query_service_health,
     write_report,
 )
-from airflow_plan_provider.tools.registry import ToolContext
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -1,5 +1,5 @@
 """The demo's tools: latency, dependency health, deploys and error logs of a service, a correlation
-step and a report writer, all over the SQLite data of :mod:`airflow_plan_provider.example.dataset`.
+step and a report writer, all over the SQLite data of :mod:`plan_demo.dataset`.
 
 Hourly series are lists of 24 values indexed by hour (UTC). ``day`` is ``"yesterday"``, ``"today"``
 or an ISO date; outputs name the ISO date.
@@ -17,11 +17,11 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider.example import dataset
-from airflow_plan_provider.example.report import hour_spans, render_report
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested
 from airflow_plan_provider.plan.references import MissingInput
 from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
+from plan_demo import dataset
+from plan_demo.report import hour_spans, render_report
 
 registry = ToolRegistry()
 

@@ -3,20 +3,21 @@
 ::
 
     planner = TemplatePlanner(
-        rules=[PlanRule(r"\\bslow\\b", "payment_latency.json", defaults={"service": "payment-api"})],
-        replan_rules=[ReplanRule("payment_latency_replan_deploys.json", when_tool="query_deploys")],
+        rules=[PlanRule(r"\\bslow\\b", "latency.json", defaults={"service": "payment-api"})],
+        replan_rules=[ReplanRule("latency_replan_deploys.json", when_tool="query_deploys")],
+        template_dir=Path(__file__).parent / "templates",
     )
 
-A template is a plan (or, for a replan, a replacement subgraph) whose strings may hold ``{{name}}``
-placeholders. A placeholder that is a whole string takes the value with its type; inside a longer
-string it takes the value's text. Values come, first match wins, from the rule's named regex groups,
-``request.conf``, the rule's defaults, and finally ``goal`` (the request's goal).
+A template is a plan (or, for a replan, a replacement subgraph) given as a dict or as the path of a JSON
+file; a relative path is read from ``template_dir``. Its strings may hold ``{{name}}`` placeholders. A
+placeholder that is a whole string takes the value with its type; inside a longer string it takes the
+value's text. Values come, first match wins, from the rule's named regex groups, ``request.conf``, the
+rule's defaults, and finally ``goal`` (the request's goal).
 
 A replan fills its replacement from the values the current plan was made with (read back from it
 through the goal's plan rule), then the same sources, then ``failed_node`` and ``error`` (the last
 error); so nodes it repeats come out identical. Nodes of the current plan that the replacement
 depends on but that are not locked are carried over unchanged (see :func:`carry_over`).
-Templates named by a bare file name are read from the demo's template folder (or ``template_dir``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from airflow_plan_provider.plan.model import Plan
 from airflow_plan_provider.plan.references import iter_references
 from airflow_plan_provider.planners.base import PlanRequest
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "example" / "templates"
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 Template = str | Path | Mapping[str, Any]
@@ -180,7 +180,18 @@ class TemplatePlanner:
     ) -> None:
         self.rules = list(rules)
         self.replan_rules = list(replan_rules)
-        self.template_dir = Path(template_dir) if template_dir is not None else TEMPLATE_DIR
+        self.template_dir = Path(template_dir) if template_dir is not None else None
+        templates = [rule.template for rule in self.rules] + [rule.template for rule in self.replan_rules]
+        relative = [
+            str(template)
+            for template in templates
+            if not isinstance(template, Mapping) and not Path(template).is_absolute()
+        ]
+        if relative and self.template_dir is None:
+            raise ValueError(
+                f"plan templates {relative} are relative paths: pass template_dir (the folder they are "
+                "read from) or give absolute paths"
+            )
 
     def plan(self, request: PlanRequest) -> dict[str, Any] | None:
         """A filled plan, a filled replacement subgraph for a replan, or ``None`` for an unmatched replan.
@@ -232,11 +243,9 @@ class TemplatePlanner:
     def _load(self, template: Template) -> dict[str, Any]:
         if isinstance(template, Mapping):
             return copy.deepcopy(dict(template))
-        path = (
-            self.template_dir / template
-            if isinstance(template, str) and "/" not in template
-            else Path(template)
-        )
+        path = Path(template)
+        if not path.is_absolute() and self.template_dir is not None:
+            path = self.template_dir / path
         try:
             loaded = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:
@@ -256,29 +265,3 @@ class TemplatePlanner:
             )
         return filled
 
-
-PAYMENT_LATENCY_PATTERN = (
-    r"^(?=(?:.*?\b(?P<service>[a-z0-9]+(?:-[a-z0-9]+)*-(?:api|service|svc))\b)?)"
-    r"(?=(?:.*?\b(?P<day>yesterday|today|\d{4}-\d{2}-\d{2})\b)?)"
-    r".*?\b(?:slow|slower|slowness|latency)\b"
-)
-
-
-def payment_latency_planner() -> TemplatePlanner:
-    """The demo's planner: latency goals get the six-step investigation; when the deploy query finds no
-    deploy, step 5 is revised to correlate latency with dependency health instead (step 6 unchanged)."""
-    return TemplatePlanner(
-        rules=[
-            PlanRule(
-                PAYMENT_LATENCY_PATTERN,
-                "payment_latency.json",
-                defaults={"service": "payment-api", "day": "yesterday"},
-            )
-        ],
-        replan_rules=[
-            ReplanRule("payment_latency_replan_deploys.json", when_tool="query_deploys"),
-            # The failed node named in the request may be another one (say the error logs) while the
-            # deploy query's request is only in the error text.
-            ReplanRule("payment_latency_replan_deploys.json", when_error=r"\bno deploys of "),
-        ],
-    )
