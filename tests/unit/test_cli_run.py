@@ -14,7 +14,7 @@ from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan
 from tests.unit.test_cli import ROOT, run_cli
 
-DEMO_TOOLS = "airflow_plan_provider.example.tools:registry"
+DEMO_TOOLS = "dags/plan_demo/tools.py:registry"  # the example DAGs' demo, by its file
 DEMO_GOAL = "find why the payment API got slow yesterday and write a report"
 SEED_PLAN_FILE = ROOT / "dags" / "plan_demo" / "seed_plan.json"
 
@@ -42,8 +42,8 @@ def demo_seed_plan(demo_env: Path) -> Path:
 
 
 def test_the_demo_seed_plan_file_is_the_plan_the_demo_planner_writes() -> None:
-    from airflow_plan_provider.example.tools import registry
-    from airflow_plan_provider.planners.rules import payment_latency_planner
+    from plan_demo.planner import payment_latency_planner
+    from plan_demo.tools import registry
 
     plan = payment_latency_planner().plan(PlanRequest(goal=DEMO_GOAL, tools=registry))
     assert json.loads(SEED_PLAN_FILE.read_text()) == plan
@@ -80,7 +80,7 @@ def test_seed_plan_with_the_demo_tools_prints_the_session_result(demo_seed_plan:
 def test_with_the_demo_planner_the_seed_session_replans_and_completes(
     demo_seed_plan: Path, demo_env: Path
 ) -> None:
-    planner = "airflow_plan_provider.planners.rules:payment_latency_planner"
+    planner = "dags/plan_demo/planner.py:payment_latency_planner"
     result = run_cli("run", str(demo_seed_plan), "--tools", DEMO_TOOLS, "--planner", planner)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
