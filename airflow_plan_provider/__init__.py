@@ -34,16 +34,20 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Budgets": "airflow_plan_provider.plan.budgets",
-    "ControlRetries": "airflow_plan_provider.dag_factory",
+    "ApprovalPolicy": "airflow_plan_provider.settings",
+    "ArtifactStore": "airflow_plan_provider.settings",
+    "ControlRetries": "airflow_plan_provider.settings",
     "Edge": "airflow_plan_provider.plan.model",
     "Limits": "airflow_plan_provider.plan.validate",
     "Node": "airflow_plan_provider.plan.model",
+    "NodeExecution": "airflow_plan_provider.settings",
     "PermanentToolError": "airflow_plan_provider.exceptions",
     "Plan": "airflow_plan_provider.plan.model",
     "PlanDiff": "airflow_plan_provider.plan.merge",
     "PlanProviderError": "airflow_plan_provider.exceptions",
     "PlanRequest": "airflow_plan_provider.planners.base",
     "PlanValidationError": "airflow_plan_provider.exceptions",
+    "PlanTaskGroup": "airflow_plan_provider.dag_factory",
     "Planner": "airflow_plan_provider.planners.base",
     "PlanningError": "airflow_plan_provider.exceptions",
     "Problem": "airflow_plan_provider.plan.problems",
@@ -57,6 +61,7 @@ _EXPORTS = {
     "build_plan_dag": "airflow_plan_provider.dag_factory",
     "merge_replan": "airflow_plan_provider.plan.merge",
     "plan_diff": "airflow_plan_provider.plan.merge",
+    "plan_task_group": "airflow_plan_provider.dag_factory",
     "validate_plan": "airflow_plan_provider.plan.validate",
 }
 

@@ -6,6 +6,7 @@
     airflow-plan freeze (PLAN.json | --api URL --source-dag DAG --source-run RUN [--token T | --user U])
                         --tools module:attr --dag-id ID --schedule SCHEDULE [--start-date YYYY-MM-DD]
                         [--param [NODE.]NAME=VALUE ...] [--approval risky|always|never] [-o FILE]
+                        [--max-nodes N] [--max-depth N]
     airflow-plan run PLAN.json --tools SPEC [--planner SPEC [--max-replans N]] [--max-workers N]
                                [--max-steps N] [--json] [--max-nodes N] [--max-depth N] [--max-bytes N]
 
@@ -22,6 +23,10 @@ failure or a replan request is answered by a replan, as a plan DAG's replan run 
 the session completed, 1 when it failed, 2 for bad input (an unreadable or invalid plan, tools or a
 planner that cannot be loaded). A tools ``SPEC`` is ``module:attribute``, ``path/to/file.py:attribute``
 or an installed entry-point name; a planner ``SPEC`` names a planner, or a class or function making one.
+
+``--max-nodes`` and ``--max-depth`` default to :class:`~airflow_plan_provider.plan.validate.Limits`'s
+defaults, the ones a plan DAG applies when built without ``limits=``: a plan these commands accept with
+their defaults is one such a DAG accepts.
 
 ``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
 call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or
@@ -175,7 +180,7 @@ def _add_freeze(commands: Any) -> None:
     )
     freeze.add_argument("--approval", choices=APPROVAL_MODES, help="approval mode of the new DAG")
     freeze.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    _add_max_bytes(freeze)
+    _add_plan_limits(freeze)
 
 
 def _add_run(commands: Any) -> None:
@@ -304,8 +309,9 @@ def _freeze(args: argparse.Namespace) -> int:
             templates=templates,
             approval=args.approval,
             import_tools=_is_registry_attribute(args.tools),
+            limits=_limits(args),
         )
-        validate_plan(apply_templates(source.plan, templates), tools)  # as every run will
+        validate_plan(apply_templates(source.plan, templates), tools, _limits(args))  # as every run will
     except PlanValidationError as error:
         _say("airflow-plan: the frozen plan is invalid:")
         for problem in error.problems:

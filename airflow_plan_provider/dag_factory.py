@@ -1,41 +1,48 @@
-"""Build a plan-and-execute DAG in one call.
+"""Build a plan-and-execute DAG in one call, or a plan as a task group inside a DAG of your own.
 
 ::
 
     dag = build_plan_dag("incident_report", planner=my_planner, tools=my_tools)
 
+    with DAG("nightly", schedule="@daily") as dag:
+        extract() >> plan_task_group("triage", planner=my_planner, tools=my_tools, goal=GOAL) >> publish()
+
 ``tools`` is required: a :class:`ToolRegistry`, ``"module:attribute"``, the name of a registry installed
 under the ``airflow_plan_provider.tools`` entry-point group, or ``"*"`` for every installed registry.
+Settings come as a few validated objects (:mod:`airflow_plan_provider.settings`): ``limits``,
+``budgets``, ``execution``, ``artifacts``, ``control_retries``, ``approval``; ``operator_args`` is passed
+to every task built here.
 
-The DAG: ``plan`` → ``layer_0`` … ``layer_{K-1}`` (one mapped task per layer, one instance per node)
-→ ``finalize`` → ``replan`` (only runs when a replan is due). Layer 0 maps over the planning task's
-return value; later layers map over a tiny ``select_layer_k`` task that runs alongside layer k-1, so no
-extra scheduling hop sits on the critical path. Every task retries when its worker is lost: nodes as
-``node_retries`` says, the other tasks as :class:`ControlRetries` says.
+The tasks: ``plan`` → the node tasks → ``finalize`` → ``replan`` (only runs when a replan is due; only
+in :func:`build_plan_dag`). Node tasks in layered mode (``NodeExecution(mode="layered")``): one mapped
+task per layer, ``layer_0`` … ``layer_{K-1}`` (K = ``Limits.max_depth``); layer 0 maps over the planning
+task's return value, later layers over a tiny ``select_layer_k`` task that runs alongside layer k-1, so
+no extra scheduling hop sits on the critical path. In ``mode="nodes"``: one mapped task ``nodes``, each
+node starting as soon as its own parents finish. Every task retries when its worker is lost: nodes as
+``NodeExecution`` says, the other tasks as :class:`ControlRetries` says.
 
 Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whose tool declares a pool
 (``@registry.tool(pool="ticket_api")``) therefore run in a lane of their own: for each layer, beside
 ``layer_k``, a task ``layer_k__<pool>`` built with that pool, mapping over its own ``select_layer_k__<pool>``
-task (``nodes__<pool>`` and ``select_nodes__<pool>`` in eager mode). A registry without pooled tools
+task (``nodes__<pool>`` and ``select_nodes__<pool>`` in mode ``nodes``). A registry without pooled tools
 builds exactly the tasks above.
 
-Approval: with a tool marked ``needs_approval`` (or ``approval="always"``), an ``approve`` task between
-``plan`` and the first node tasks waits for a human when the plan needs it, and skips itself when it
-does not.
+Approval: with a tool marked ``needs_approval`` (or ``ApprovalPolicy("always")``), an ``approve`` task
+between ``plan`` and the first node tasks waits for a human when the plan needs it, and skips itself when
+it does not.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, TriggerRule
+from airflow.sdk import DAG, Param, TaskGroup, TriggerRule
 
-from airflow_plan_provider import artifacts
-from airflow_plan_provider.operators.approval import Approver, PlanApprovalOperator
+from airflow_plan_provider.artifacts import local_store_warning
+from airflow_plan_provider.operators.approval import PlanApprovalOperator
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.layout import (
     APPROVE_TASK,
@@ -53,10 +60,16 @@ from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.retry import ToolRetryPolicy
 from airflow_plan_provider.operators.select import LayerSelectOperator
-from airflow_plan_provider.plan.approval import APPROVAL_MODES, ApprovalMode
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
+from airflow_plan_provider.settings import (
+    ApprovalPolicy,
+    ArtifactStore,
+    ControlRetries,
+    NodeExecution,
+    check_operator_args,
+)
 from airflow_plan_provider.tools.registry import (
     ALL_INSTALLED,
     Tool,
@@ -71,37 +84,26 @@ MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process
 
-
-@dataclass(frozen=True)
-class ControlRetries:
-    """How the tasks around the nodes (``plan``, ``select_layer_k``, ``finalize``, ``replan``) retry.
-
-    They fail for good on their own verdicts (an invalid plan, a failed session); a retry is for a
-    lost worker (killed, evicted, out of memory) or an unexpected error, and every one of them is safe
-    to run again: planning plans again (see :class:`~airflow_plan_provider.operators.plan_task.PlanOperator`
-    for the plan it reuses), select and finalize recompute from what the earlier tasks recorded, and
-    replan waits for the run an earlier try started instead of starting another. The default retries
-    three times, five seconds apart: a lost task costs the heartbeat timeout that notices it plus a few
-    seconds, not Airflow's default five minutes.
-
-    >>> ControlRetries(retries=1, delay=timedelta(seconds=2)).task_kwargs()
-    {'retries': 1, 'retry_delay': datetime.timedelta(seconds=2)}
-    """
-
-    retries: int = 3
-    delay: timedelta = timedelta(seconds=5)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"ControlRetries.retries must be an integer >= 0, got {self.retries!r}")
-        if not isinstance(self.delay, timedelta) or self.delay < timedelta(0):
-            raise ValueError(f"ControlRetries.delay must be a timedelta >= 0, got {self.delay!r}")
-
-    def task_kwargs(self) -> dict[str, Any]:
-        """The operator arguments of a control task."""
-        return {"retries": self.retries, "retry_delay": self.delay}
-
-
+#: Keyword arguments of earlier versions, and what replaced each (an error names it).
+REPLACED_KEYWORDS: dict[str, str] = {
+    "max_layers": "limits=Limits(max_depth=...)",
+    "max_nodes": "limits=Limits(max_nodes=...)",
+    "max_steps": "budgets=Budgets(max_steps=...)",
+    "max_replans": "budgets=Budgets(max_replans=...)",
+    "eager": 'execution=NodeExecution(mode="nodes")',
+    "max_active_nodes": "execution=NodeExecution(max_active_nodes=...)",
+    "pool": "execution=NodeExecution(pool=...)",
+    "node_retries": "execution=NodeExecution(retries=...)",
+    "retry_delay": "execution=NodeExecution(retry_delay=...)",
+    "retry_exponential_backoff": "execution=NodeExecution(retry_exponential_backoff=...)",
+    "max_retry_delay": "execution=NodeExecution(max_retry_delay=...)",
+    "node_timeout": "execution=NodeExecution(timeout=...)",
+    "artifact_store": "artifacts=ArtifactStore(url=...)",
+    "artifact_threshold": "artifacts=ArtifactStore(threshold=...)",
+    "checkpoints": "artifacts=ArtifactStore(checkpoints=...)",
+    "approval_timeout": "approval=ApprovalPolicy(timeout=...)",
+    "approvers": "approval=ApprovalPolicy(approvers=...)",
+}
 READY_PLAN_EXAMPLE = """{
   "nodes": [
     {"id": "1", "action": "fetch yesterday's orders", "tool": "<a tool of this DAG>",
@@ -156,129 +158,113 @@ def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Par
     }
 
 
-def build_plan_dag(
-    dag_id: str,
-    *,
-    planner: Planner | None,
-    tools: ToolRegistry | Mapping[str, Tool] | str | None = None,
-    max_layers: int = 6,
-    max_nodes: int = 200,
-    max_active_nodes: int = 5,
-    pool: str | None = None,
-    node_retries: int = 2,
-    retry_delay: timedelta = timedelta(seconds=5),
-    retry_exponential_backoff: float = 2.0,
-    max_retry_delay: timedelta = timedelta(minutes=5),
-    node_timeout: timedelta | None = None,
-    max_steps: int = 50,
-    max_replans: int = 3,
-    repair_attempts: int = 2,
-    replan: bool = True,
-    artifact_store: str | None = None,
-    artifact_threshold: int = 64 * 1024,
-    checkpoints: bool = True,
-    eager: bool = False,
-    control_retries: ControlRetries | None = None,
-    approval: ApprovalMode = "risky",
-    approval_timeout: timedelta | None = timedelta(days=1),
-    approvers: Sequence[Approver] | str | None = None,
-    plan: Mapping[str, Any] | None = None,
-    goal: str = "",
-    schedule: Any = None,
-    params: Mapping[str, Any] | None = None,
-    **dag_kwargs: Any,
-) -> DAG:
-    """A DAG that plans ``goal`` with ``planner`` and runs the plan with ``tools``.
+@dataclass(frozen=True)
+class _PlanTasks:
+    """Everything the plan's tasks are built from, checked: shared by the DAG and the task group forms."""
 
-    ``tools`` names the tools this DAG offers its planner and runs: a :class:`ToolRegistry` (or a
-    mapping of tools), ``"module:attribute"`` naming one, or the name of a registry installed under the
-    ``airflow_plan_provider.tools`` entry-point group. ``tools="*"`` is the explicit opt-in to every
-    installed registry. ``None`` raises ``ValueError``: installed registries are never offered to a
-    planner unless the DAG asks for them. A spec string is loaded when the DAG is built (its pooled
-    tools decide the node tasks) and again in the worker; a registry is carried by the tasks and
-    serialized as its tool names and catalog digest (the same on every parse).
-    ``max_layers`` fixes the number of layer tasks (a deeper plan is rejected at validation);
-    ``max_active_nodes`` caps the nodes running at once in one run (in each lane, see below); ``pool``
-    shares a cap across runs.
+    planner: Planner | None
+    tools: ToolRegistry | str
+    lanes: dict[str, Tool]
+    limits: Limits
+    budgets: Budgets
+    execution: NodeExecution
+    artifacts: ArtifactStore
+    control: dict[str, Any]
+    approval: ApprovalPolicy
+    asks_approval: bool
+    repair_attempts: int
+    operator_args: dict[str, Any]
+    ready_plan: Mapping[str, Any] | None
 
-    A tool declared with ``pool=`` (and optionally ``pool_slots=``) has its nodes take slots from that
-    Airflow pool, across every run and worker: they run in the node tasks ``layer_k__<pool>``, built with
-    that pool. A node takes slots from one pool only (Airflow gives a task one pool), so the DAG's
-    ``pool`` applies to the nodes whose tool declares none, and a tool's own pool wins for its nodes.
-    ``max_active_nodes`` applies to each lane's task: a layer's pooled nodes run beside its other nodes.
-    ``eager=True`` maps every node in one task ``nodes`` instead of one task per layer: a node starts
-    as soon as its own parents finish (waiting deferred on the triggerer), with no layer barrier.
-    Outputs over ``artifact_threshold`` bytes go to ``artifact_store`` (an ObjectStoragePath URL; default
-    a folder under AIRFLOW_HOME) and XCom carries a reference. ``control_retries`` (default
-    ``ControlRetries()``: 3 retries, 5 s apart) is how every task other than the nodes retries.
+    @classmethod
+    def check(
+        cls,
+        planner: Planner | None,
+        tools: ToolRegistry | Mapping[str, Tool] | str | None,
+        *,
+        limits: Limits | None,
+        budgets: Budgets | None,
+        execution: NodeExecution | None,
+        artifacts: ArtifactStore | None,
+        control_retries: ControlRetries | None,
+        approval: ApprovalPolicy | None,
+        repair_attempts: int,
+        operator_args: Mapping[str, Any] | None,
+        plan: Mapping[str, Any] | None,
+    ) -> _PlanTasks:
+        limits = _setting("limits", limits, Limits)
+        execution = _setting("execution", execution, NodeExecution)
+        if execution.mode == "layered" and not limits.max_depth:
+            raise ValueError(
+                'NodeExecution(mode="layered") builds one task per layer: give Limits(max_depth=N), '
+                'or use mode="nodes"'
+            )
+        approval = _setting("approval", approval, ApprovalPolicy)
+        spec = _tools_spec(tools)
+        catalog = load_tools(spec)
+        asks = approval.mode == "always" or (
+            approval.mode == "risky" and any(tool.needs_approval for tool in catalog.values())
+        )
+        artifacts = _setting("artifacts", artifacts, ArtifactStore)
+        _check_store(artifacts.url)
+        return cls(
+            planner=planner,
+            tools=spec,
+            lanes=dag_lanes(catalog.values()),  # the pooled tools decide the node tasks
+            limits=limits,
+            budgets=_setting("budgets", budgets, Budgets),
+            execution=execution,
+            artifacts=artifacts,
+            control=_setting("control_retries", control_retries, ControlRetries).task_kwargs(),
+            approval=approval,
+            asks_approval=asks,
+            repair_attempts=repair_attempts,
+            operator_args=check_operator_args(operator_args),
+            ready_plan=plan,
+        )
 
-    ``approval`` inserts a human approval task ``approve`` between ``plan`` and the first node tasks:
-    ``"risky"`` (default) when a tool has ``needs_approval`` (it asks when the plan would run such a
-    node), ``"always"`` (it asks for every plan), ``"never"`` (no task). A revision whose nodes were all
-    approved earlier in the session does not ask again. ``approvers`` (user ids) may answer; no answer
-    within ``approval_timeout`` is a rejection, and a rejection ends the session failed with reason
-    ``rejected`` before any node runs.
-    ``plan`` bakes a ready plan into the DAG (as ``airflow-plan freeze`` writes): each run runs it
-    without calling a planner and never replans it, its strings rendered as Jinja templates with the
-    run's context (say ``"{{ ds }}"``), unless the run's conf gives a plan of its own.
-    """
-    tools = _tools_spec(tools)
-    catalog = load_tools(tools)
-    lanes = dag_lanes(catalog.values())  # the pooled tools decide the node tasks
-    if approval not in APPROVAL_MODES:
-        raise ValueError(f"approval must be one of {APPROVAL_MODES}, not {approval!r}")
-    asks_approval = approval == "always" or (
-        approval == "risky" and any(tool.needs_approval for tool in catalog.values())
-    )
-    _check_store(artifact_store)
-    dag_kwargs.setdefault("tags", ["plan"])
-    dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
-    dag_kwargs.setdefault("catchup", False)
-    all_params: dict[str, Any] = {
-        **plan_params(goal, Budgets(max_steps=max_steps, max_replans=max_replans)),
-        **(params or {}),
-    }
-    node_kwargs: dict[str, Any] = {
-        "tools": tools,
-        "retries": node_retries,
-        "retry_delay": retry_delay,
-        "retry_exponential_backoff": retry_exponential_backoff,
-        "max_retry_delay": max_retry_delay,
-        "max_active_tis_per_dagrun": max_active_nodes,
-        "map_index_template": MAP_INDEX_TEMPLATE,
-        "execution_timeout": node_timeout,
-        "artifact_store": artifact_store,
-        "artifact_threshold": artifact_threshold,
-        "checkpoints": checkpoints,
-        "retry_policy": ToolRetryPolicy(),
-    }
-    if pool:
-        node_kwargs["pool"] = pool
-    control = (control_retries or ControlRetries()).task_kwargs()
-    lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
-    for lane, tool in lanes.items():
-        lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
-    with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
+    def build(self, *, goal: str | None, replan_dag_id: str | None) -> tuple[Any, Any]:
+        """Add the tasks to the DAG or task group being defined; return the first and the last.
+
+        ``goal`` is the planning task's own goal (the task group form), ``None`` to read it from the run's
+        conf and Params (the DAG form); ``replan_dag_id`` adds the ``replan`` task, which starts runs of
+        that DAG.
+        """
+        nodes = self.execution.mode == "nodes"
+        control = {**self.operator_args, **self.control}
+        node_kwargs: dict[str, Any] = {
+            **self.operator_args,
+            **self.execution.task_kwargs(),
+            **self.artifacts.task_kwargs(),
+            "tools": self.tools,
+            "map_index_template": MAP_INDEX_TEMPLATE,
+            "retry_policy": ToolRetryPolicy(),
+        }
+        lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
+        for lane, tool in self.lanes.items():
+            lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
         planning = PlanOperator(
             task_id=PLAN_TASK,
-            eager=eager,
-            planner=planner,
-            tools=tools,
-            repair_attempts=repair_attempts,
-            limits=Limits(max_nodes=max_nodes, max_depth=max_layers),
-            lanes=list(lanes),
-            artifact_store=artifact_store,
-            ready_plan=plan,
+            eager=nodes,
+            planner=self.planner,
+            tools=self.tools,
+            repair_attempts=self.repair_attempts,
+            limits=self.limits,
+            budgets=self.budgets,
+            goal=goal,
+            lanes=list(self.lanes),
+            artifact_store=self.artifacts.url,
+            ready_plan=self.ready_plan,
             **control,
         )
         approve = None
-        if asks_approval:
+        if self.asks_approval:
             approve = PlanApprovalOperator(
                 task_id=APPROVE_TASK,
-                mode=approval,
-                tools=tools,
-                approvers=approvers,
-                response_timeout=approval_timeout,
+                mode=self.approval.mode,
+                tools=self.tools,
+                approvers=self.approval.approvers,
+                response_timeout=self.approval.timeout,
                 **control,
             )
             planning >> approve
@@ -316,8 +302,8 @@ def build_plan_dag(
 
         previous: list[Any] = [planning]
         layers: list[list[Any]] = []
-        for index in range(1 if eager else max_layers):
-            base = EAGER_TASK if eager else layer_task_id(index)
+        for index in range(1 if nodes else (self.limits.max_depth or 1)):
+            base = EAGER_TASK if nodes else layer_task_id(index)
             before_previous = layers[index - 2] if index >= 2 else []
             group = [node_task(base, lane, index == 0, before_previous) for lane in lane_kwargs]
             for task in group:
@@ -327,13 +313,190 @@ def build_plan_dag(
         finalize = FinalizePlanOperator(
             task_id=FINALIZE_TASK,
             trigger_rule=TriggerRule.ALL_DONE,
-            replan_task_id=REPLAN_TASK if replan else None,
+            replan_task_id=REPLAN_TASK if replan_dag_id else None,
             **control,
         )
         [planning, *previous] >> finalize
-        if replan:
-            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=dag_id, **control)
+        if replan_dag_id:
+            replan = ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
+            finalize >> replan
+            return planning, replan
+        return planning, finalize
+
+
+def build_plan_dag(
+    dag_id: str,
+    *,
+    planner: Planner | None,
+    tools: ToolRegistry | Mapping[str, Tool] | str | None = None,
+    goal: str = "",
+    plan: Mapping[str, Any] | None = None,
+    limits: Limits | None = None,
+    budgets: Budgets | None = None,
+    execution: NodeExecution | None = None,
+    artifacts: ArtifactStore | None = None,
+    control_retries: ControlRetries | None = None,
+    approval: ApprovalPolicy | None = None,
+    replan: bool = True,
+    repair_attempts: int = 2,
+    operator_args: Mapping[str, Any] | None = None,
+    schedule: Any = None,
+    params: Mapping[str, Any] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """A DAG that plans ``goal`` with ``planner`` and runs the plan with ``tools``.
+
+    :param dag_id: the DAG's id.
+    :param planner: the planner; ``None`` runs only ready plans (``plan``, or one given in the conf).
+    :param tools: the tools this DAG offers its planner and runs: a :class:`ToolRegistry` (or a mapping
+        of tools), ``"module:attribute"`` naming one, or the name of a registry installed under the
+        ``airflow_plan_provider.tools`` entry-point group. ``"*"`` is the explicit opt-in to every
+        installed registry; ``None`` raises ``ValueError``. A spec string is loaded when the DAG is
+        built (its pooled tools decide the node tasks) and again in the worker; a registry is carried by
+        the tasks and serialized as its tool names and catalog digest (the same on every parse).
+    :param goal: the trigger form's default goal.
+    :param plan: a ready plan baked into the DAG (as ``airflow-plan freeze`` writes): each run runs it
+        without calling a planner and never replans it, its strings rendered as Jinja templates with
+        the run's context (say ``"{{ ds }}"``), unless the run's conf gives a plan of its own.
+    :param limits: plan size limits (default ``Limits()``), the same ``airflow-plan validate`` applies;
+        in layered mode ``max_depth`` is also the number of layer tasks.
+    :param budgets: the trigger form's default budgets (default ``Budgets()``); a run's conf may set its
+        own.
+    :param execution: how the nodes run (default ``NodeExecution()``): mode, retries, timeout,
+        ``max_active_nodes`` (per run, in each node task), ``pool`` (shared across runs, for nodes whose
+        tool declares no pool: a tool's own ``pool=`` wins for its nodes, which run in lane tasks
+        ``layer_k__<pool>``).
+    :param artifacts: where outputs over ``threshold`` bytes and checkpoints go (default
+        ``ArtifactStore()``); XCom carries a reference to a stored output.
+    :param control_retries: how every task other than the nodes retries (default ``ControlRetries()``:
+        3 retries, 5 s apart).
+    :param approval: the ``approve`` task (default ``ApprovalPolicy()``: ask before running a node whose
+        tool has ``needs_approval``). A revision whose nodes were all approved earlier in the session
+        does not ask again; a rejection (or no answer in time) ends the session failed with reason
+        ``rejected`` before any node runs.
+    :param replan: whether a failed node (or one whose result makes the rest moot) starts a replan run.
+    :param repair_attempts: how many times invalid plans go back to the planner in one revision.
+    :param operator_args: passed to every task built here (``owner``, ``queue``, callbacks, ...); the
+        arguments the settings own (``retries``, ``pool``, ``execution_timeout``, ...) are refused with
+        the setting to use instead.
+    :param schedule: the DAG's schedule.
+    :param params: more Params, beside the trigger form's ``goal``, ``plan``, ``max_replans`` and
+        ``max_steps``.
+    :param dag_kwargs: passed to :class:`~airflow.sdk.DAG` (``tags`` default ``["plan"]``,
+        ``max_active_runs`` 16, ``catchup`` False).
+    """
+    _refuse_replaced("build_plan_dag", dag_kwargs)
+    tasks = _PlanTasks.check(
+        planner,
+        tools,
+        limits=limits,
+        budgets=budgets,
+        execution=execution,
+        artifacts=artifacts,
+        control_retries=control_retries,
+        approval=approval,
+        repair_attempts=repair_attempts,
+        operator_args=operator_args,
+        plan=plan,
+    )
+    dag_kwargs.setdefault("tags", ["plan"])
+    dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
+    dag_kwargs.setdefault("catchup", False)
+    all_params: dict[str, Any] = {**plan_params(goal, tasks.budgets), **(params or {})}
+    with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
+        tasks.build(goal=None, replan_dag_id=dag_id if replan else None)
     return dag
+
+
+class PlanTaskGroup(TaskGroup):
+    """The task group :func:`plan_task_group` returns: a :class:`TaskGroup` whose :attr:`result` is the
+    session's :class:`~airflow_plan_provider.plan.result.SessionResult` (as a dict)."""
+
+    @property
+    def result(self) -> Any:
+        """The ``finalize`` task's return value: pass it to a task after the group (it also sets the
+        dependency)."""
+        finalize: Any = self.children[self.child_id(FINALIZE_TASK)]
+        return finalize.output
+
+
+def plan_task_group(
+    group_id: str,
+    *,
+    planner: Planner | None,
+    tools: ToolRegistry | Mapping[str, Tool] | str | None = None,
+    goal: str = "",
+    plan: Mapping[str, Any] | None = None,
+    limits: Limits | None = None,
+    budgets: Budgets | None = None,
+    execution: NodeExecution | None = None,
+    artifacts: ArtifactStore | None = None,
+    control_retries: ControlRetries | None = None,
+    approval: ApprovalPolicy | None = None,
+    repair_attempts: int = 2,
+    operator_args: Mapping[str, Any] | None = None,
+    **group_kwargs: Any,
+) -> PlanTaskGroup:
+    """A plan as a task group inside a DAG of your own, between your own tasks::
+
+        with DAG("nightly_triage", schedule="@daily") as dag:
+            triage = plan_task_group("triage", planner=planner, tools=registry, goal="why did {{ ds }} fail?")
+            extract() >> triage
+            publish(triage.result)
+
+    The group holds the same tasks as :func:`build_plan_dag`'s DAG, their ids prefixed by the group's
+    (``triage.plan``, ``triage.nodes``, ``triage.finalize``), and ends with ``finalize``, whose return
+    value (:attr:`PlanTaskGroup.result`) is the session's result; a session that fails fails
+    ``finalize``, so the tasks after the group do not run (as after any failed task).
+
+    A plan in a group never replans: a replan is a new run of the whole DAG, which would run your own
+    tasks again. A node that fails for good ends the session with reason ``node_failed``; use
+    :func:`build_plan_dag` for sessions that replan.
+
+    The group's goal is ``goal``, rendered as a Jinja template with the run's context (so it may quote
+    what an upstream task pushed); its budgets are ``budgets`` (``max_replans`` does not apply). The
+    run's conf belongs to your DAG: the group reads no goal, ready plan, budgets or session from it.
+    The other settings are those of :func:`build_plan_dag`; ``group_kwargs`` go to the
+    :class:`~airflow.sdk.TaskGroup` (``tooltip``, ``ui_color``, ...).
+    """
+    _refuse_replaced("plan_task_group", group_kwargs)
+    tasks = _PlanTasks.check(
+        planner,
+        tools,
+        limits=limits,
+        budgets=budgets,
+        execution=execution,
+        artifacts=artifacts,
+        control_retries=control_retries,
+        approval=approval,
+        repair_attempts=repair_attempts,
+        operator_args=operator_args,
+        plan=plan,
+    )
+    if not isinstance(goal, str):
+        raise ValueError(f"goal must be a string (a Jinja template), not {goal!r}")
+    group = PlanTaskGroup(group_id, **group_kwargs)
+    with group:
+        tasks.build(goal=goal, replan_dag_id=None)
+    return group
+
+
+def _setting(name: str, value: Any, kind: type[Any]) -> Any:
+    """``value``, or the default ``kind()`` when it is None; a value of another type is a clear error."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} must be {kind.__name__}(...) (or None for the defaults), not {value!r}")
+    return value
+
+
+def _refuse_replaced(function: str, kwargs: Mapping[str, Any]) -> None:
+    """A keyword of an earlier version is an error naming what replaced it."""
+    for name in kwargs:
+        if name in REPLACED_KEYWORDS:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {name!r}: use {REPLACED_KEYWORDS[name]}"
+            )
 
 
 def _check_store(artifact_store: str | None) -> None:
@@ -341,7 +504,7 @@ def _check_store(artifact_store: str | None) -> None:
     if artifact_store in _checked_stores:
         return
     _checked_stores.add(artifact_store)
-    warning = artifacts.local_store_warning(artifact_store)
+    warning = local_store_warning(artifact_store)
     if warning:
         log.warning("%s", warning)
 

@@ -22,14 +22,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import date
 from typing import Any
 
 from airflow_plan_provider.exceptions import FreezeError, PlanValidationError
 from airflow_plan_provider.plan.approval import APPROVAL_MODES, is_sensitive_key
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.validate import validate_plan
+from airflow_plan_provider.plan.validate import Limits, validate_plan
 
 DAG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 SPEC_PATTERN = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
@@ -292,12 +292,14 @@ def render_dag_file(
     templates: Sequence[ParamTemplate] = (),
     approval: str | None = None,
     import_tools: bool = True,
-    max_layers: int | None = None,
+    limits: Limits | None = None,
 ) -> str:
     """The DAG file's text: docstring (goal, revision, source, schedule, nodes), imports, the plan as a
     literal, and one :func:`build_plan_dag` call. ``tools`` is ``module:attribute`` (imported when
     ``import_tools``, so the DAG knows at parse time whether any tool needs approval) or an
-    entry-point name. Deterministic: the same inputs give the same text.
+    entry-point name. The DAG checks a plan with ``limits`` (default ``Limits()``, as ``airflow-plan
+    validate``); its ``max_depth`` is written as the frozen plan's depth (the DAG's layer tasks).
+    Deterministic: the same inputs give the same text.
 
     Raises :class:`FreezeError` for a bad DAG id or approval mode, a template matching no param, or a
     secret-looking param that is not a template.
@@ -351,12 +353,19 @@ def render_dag_file(
     else:
         imports = ""
         tools_arg = _string(tools)
+    limits = limits or Limits()
     try:
-        layers = max_layers or len(
-            validate_plan(plan).layers
-        )  # the structure: tools are checked by the caller
+        layers = len(validate_plan(plan, limits=limits).layers)  # the structure: the caller checks tools
     except PlanValidationError as error:
         raise FreezeError(f"the plan is invalid: {error}") from None
+    defaults = Limits()
+    written = {
+        f.name: getattr(limits, f.name)
+        for f in fields(Limits)
+        if getattr(limits, f.name) != getattr(defaults, f.name)
+    }
+    written["max_depth"] = layers
+    limits_arg = ", ".join(f"{name}={value}" for name, value in written.items())
     arguments = [
         _string(dag_id),
         "planner=None",
@@ -367,18 +376,19 @@ def render_dag_file(
         f"start_date=datetime({start_date.year}, {start_date.month}, {start_date.day}, tzinfo=UTC)",
         "catchup=False",
         "replan=False",
-        "max_replans=0",
-        f"max_layers={layers}",
+        "budgets=Budgets(max_replans=0)",
+        f"limits=Limits({limits_arg})",
     ]
     if approval is not None:
-        arguments.append(f"approval={_string(approval)}")
+        arguments.append(f"approval=ApprovalPolicy({_string(approval)})")
     arguments += ['tags=["plan", "frozen"]', "doc_md=__doc__"]
     call = "".join(f"    {argument},\n" for argument in arguments)
+    names = (["ApprovalPolicy"] if approval is not None else []) + ["Budgets", "Limits", "build_plan_dag"]
     return (
         '"""' + "\n".join(doc) + '\n"""\n\n'
         "from __future__ import annotations\n\n"
         "from datetime import UTC, datetime\n\n"
-        "from airflow_plan_provider import build_plan_dag\n"
+        f"from airflow_plan_provider import {', '.join(names)}\n"
         f"{imports}\n"
         f"PLAN = {literal(plan)}\n\n"
         f"{variable} = build_plan_dag(\n{call})\n"

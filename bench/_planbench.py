@@ -193,13 +193,15 @@ def noop_dag_source(dag_id: str) -> str:
 
 def work_plan_dag_source(dag_id: str, calls_folder: Path, **build_kwargs: Any) -> str:
     """A plan DAG whose plan comes from the run's conf (``plan``); its one tool ``work(seconds)`` sleeps
-    and logs the call to ``calls_folder`` through :class:`CallLog`."""
+    and logs the call to ``calls_folder`` through :class:`CallLog`. ``build_kwargs`` are written as their
+    ``repr`` (settings objects such as ``Limits(max_depth=3)`` included)."""
     return textwrap.dedent(
         f'''
         """Bench: a plan DAG running the plan given in the run's conf."""
+        import datetime
         import time
 
-        from airflow_plan_provider import build_plan_dag
+        from airflow_plan_provider import ArtifactStore, Budgets, Limits, NodeExecution, build_plan_dag
         from airflow_plan_provider.testing.scripted import CallLog
         from airflow_plan_provider.tools.registry import ToolRegistry
 

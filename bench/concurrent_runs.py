@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from airflow_plan_provider import Limits, NodeExecution
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import Bench, load_note, log, median, ts, work_plan, work_plan_dag_source
@@ -63,7 +65,11 @@ def main() -> int:
     bench.write_dag(
         DAG_ID,
         work_plan_dag_source(
-            DAG_ID, bench.calls_folder, max_layers=LAYERS, pool=POOL, max_active_runs=args.runs
+            DAG_ID,
+            bench.calls_folder,
+            limits=Limits(max_depth=LAYERS),
+            execution=NodeExecution(pool=POOL),
+            max_active_runs=args.runs,
         ),
     )
     try:

@@ -30,6 +30,8 @@ from _planbench import (
 )
 from barrier import PARALLELISM, WIDTHS, make_plan
 
+from airflow_plan_provider import Limits, NodeExecution
+
 LAYERED, EAGER, STATIC, NOOP = (
     "bench_eager_layered",
     "bench_eager_eager",
@@ -56,9 +58,12 @@ def main() -> int:
     bench = Bench("bench-eager")
     before = load_note()
     bench.write_dag(
-        LAYERED, work_plan_dag_source(LAYERED, bench.calls_folder, max_layers=len(WIDTHS), **build)
+        LAYERED,
+        work_plan_dag_source(LAYERED, bench.calls_folder, limits=Limits(max_depth=len(WIDTHS)), **build),
     )
-    bench.write_dag(EAGER, work_plan_dag_source(EAGER, bench.calls_folder, eager=True, **build))
+    bench.write_dag(
+        EAGER, work_plan_dag_source(EAGER, bench.calls_folder, execution=NodeExecution(mode="nodes"), **build)
+    )
     bench.write_dag(
         STATIC, static_dag_source(STATIC, plan, seconds, bench.calls, max_active_tasks=PARALLELISM)
     )

@@ -4,7 +4,7 @@ The seed plan has 6 nodes in layers 4-1-1 (nodes 1-4 independent, 5 after 1-4, 6
 sleeps 5 s. Measured side by side in one process and one Airflow:
 
   (a) loop    the six tools called one after another in a plain Python loop (in-process, 6 x 5 s);
-  (b) plan    ``build_plan_dag(..., max_layers=3)`` with a scripted planner, on the real scheduler:
+  (b) plan    ``build_plan_dag`` (layered, 3 layers), scripted planner, on the real scheduler:
               makespan = the run's start_date → end_date (REST), and trigger → run end;
   (c) limit   the critical path, 3 x 5 s;
   (d) static  the same shape as an ordinary DAG (one PythonOperator per node sleeping 5 s, real edges);
@@ -66,7 +66,7 @@ def plan_dag_source(calls_folder: Path, sleep: float) -> str:
     return textwrap.dedent(
         f'''
         """Bench: the seed plan as a plan DAG (scripted planner, scripted tools sleeping {sleep:g} s)."""
-        from airflow_plan_provider import build_plan_dag
+        from airflow_plan_provider import Limits, build_plan_dag
         from airflow_plan_provider.testing.scripted import (
             CallLog, ScriptedPlanner, ScriptedTool, scripted_registry,
         )
@@ -77,7 +77,7 @@ def plan_dag_source(calls_folder: Path, sleep: float) -> str:
             *(ScriptedTool(t, log=LOG, sleep={sleep!r}, returns={{"tool": t}}) for t in TOOLS)
         )
         dag = build_plan_dag(
-            {PLAN_DAG!r}, planner=ScriptedPlanner({SEED_PLAN!r}), tools=tools, max_layers=3
+            {PLAN_DAG!r}, planner=ScriptedPlanner({SEED_PLAN!r}), tools=tools, limits=Limits(max_depth=3)
         )
         '''
     )
@@ -157,7 +157,7 @@ def main() -> int:
     )
     print(f"  {'(a) loop, in-process (6 x ' + format(sleep, 'g') + ' s)':<36}{loop:>11.1f}")
     for label, kind, ms, trig in (
-        ("(b) plan DAG (max_layers=3)", "plan", b, b_trig),
+        ("(b) plan DAG (max_depth=3)", "plan", b, b_trig),
         ("(d) static DAG (6 PythonOperators)", "static", d, d_trig),
         ("(e) noop DAG (one empty task)", "noop", e, e_trig),
     ):

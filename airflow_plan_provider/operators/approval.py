@@ -24,7 +24,13 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_plan_provider.operators.layout import APPROVAL_KEY, APPROVE_TASK, pull_plan, pull_session
+from airflow_plan_provider.operators.layout import (
+    APPROVAL_KEY,
+    APPROVE_TASK,
+    pull_plan,
+    pull_session,
+    task_id_in,
+)
 from airflow_plan_provider.plan.approval import (
     APPROVAL_MODES,
     Approval,
@@ -35,9 +41,8 @@ from airflow_plan_provider.plan.approval import (
 )
 from airflow_plan_provider.plan.result import now
 from airflow_plan_provider.plan.session import SessionState, record_approval
+from airflow_plan_provider.settings import Approver
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
-
-Approver = str | Mapping[str, str]
 
 
 def assigned_users(approvers: Sequence[Approver] | str | None) -> list[dict[str, str]] | None:
@@ -193,7 +198,7 @@ def record_approval_outcome(ti: Any, state: SessionState) -> Approval | None:
     Returns the answer, ``None`` when nothing was asked (no approval task, or approval not needed). A
     request with no answer (the approval task ended without one) counts as a rejection.
     """
-    record = ti.xcom_pull(task_ids=APPROVE_TASK, key=APPROVAL_KEY)
+    record = ti.xcom_pull(task_ids=task_id_in(ti, APPROVE_TASK), key=APPROVAL_KEY)
     if not isinstance(record, dict):
         return None
     if record.get("status") == "not_needed":

@@ -19,6 +19,7 @@ from airflow_plan_provider.operators.layout import (
     pull_layer_records,
     pull_plan,
     pull_session,
+    task_id_in,
 )
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
@@ -95,7 +96,7 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         state = pull_session(ti)
         plan = pull_plan(ti)
         if plan is None:
-            error = ti.xcom_pull(task_ids=PLAN_TASK, key=PLANNING_ERROR_KEY) or {}
+            error = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLANNING_ERROR_KEY) or {}
             reason: Any = error.get("reason", "no_plan")
             reason = "replan_failed" if state.revision > 0 and reason == "invalid_plan" else reason
             self._fail(ti, state, len(state.events), reason, error.get("message", "planning did not finish"))

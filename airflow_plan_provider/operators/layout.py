@@ -7,6 +7,11 @@ those run in a lane of their own, ``layer_k__<lane>`` (``nodes__<lane>``), built
 planning task records each pooled node's lane in the session (``SessionState.lanes``); every reader —
 the tasks that return a task's node ids to map over, the nodes reading their parents' records, finalize —
 locates nodes through :func:`node_location` / :func:`node_tasks` with that session.
+
+Inside a task group (:func:`~airflow_plan_provider.dag_factory.plan_task_group`) every task id carries
+the group's prefix (``triage.plan``, ``triage.nodes``). The ids here are the unprefixed ones; every read
+of another task's XCom goes through :func:`task_id_in` with the reading task instance, which adds the
+prefix of the reader's own group: the tasks of one plan are always in the same group.
 """
 
 from __future__ import annotations
@@ -31,6 +36,18 @@ EAGER_TASK = "nodes"
 LANE_SEPARATOR = "__"
 APPROVE_TASK = "approve"
 APPROVAL_KEY = "approval"
+
+
+def group_prefix(task: Any) -> str:
+    """The prefix Airflow gives the ids of the tasks in ``task``'s group: ``""`` at the top of a DAG,
+    ``"triage."`` in group ``triage`` (``"outer.triage."`` in a nested group)."""
+    group = getattr(task, "task_group", None)
+    return str(group.child_id("")) if group is not None else ""
+
+
+def task_id_in(ti: Any, task_id: str) -> str:
+    """The full id of the plan's task ``task_id`` (say ``plan``) in the run of task instance ``ti``."""
+    return group_prefix(getattr(ti, "task", None)) + task_id
 
 
 def layer_task_id(index: int, lane: str | None = None) -> str:
@@ -95,12 +112,12 @@ def node_tasks(plan: ValidatedPlan, state: SessionState) -> dict[str, list[str]]
 
 
 def pull_plan(ti: Any) -> ValidatedPlan | None:
-    raw = ti.xcom_pull(task_ids=PLAN_TASK, key=PLAN_KEY)
+    raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLAN_KEY)
     return ValidatedPlan.model_validate(raw) if raw else None
 
 
 def pull_session(ti: Any) -> SessionState:
-    raw = ti.xcom_pull(task_ids=PLAN_TASK, key=SESSION_KEY)
+    raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=SESSION_KEY)
     return SessionState.model_validate(raw or {})
 
 
@@ -125,7 +142,7 @@ def pull_node_record(
 ) -> dict[str, Any] | None:
     """The record a node pushed (status, output, ...), or None if its task never reported."""
     task_id, index = node_location(plan, state, node_id)
-    record = ti.xcom_pull(task_ids=task_id, key=NODE_KEY, map_indexes=index)
+    record = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY, map_indexes=index)
     return record if isinstance(record, dict) else None
 
 
@@ -133,7 +150,7 @@ def pull_layer_records(ti: Any, plan: ValidatedPlan, state: SessionState) -> dic
     """Every node record of the run, node id → record: one XCom request per node task."""
     records: dict[str, dict[str, Any]] = {}
     for task_id in node_tasks(plan, state):
-        values = ti.xcom_pull(task_ids=task_id, key=NODE_KEY)  # all map indexes
+        values = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY)  # all map indexes
         for value in values if isinstance(values, list) else [values]:
             if isinstance(value, dict) and "node_id" in value:
                 records[value["node_id"]] = value

@@ -20,6 +20,7 @@ from airflow_plan_provider.operators.layout import (
     pull_node_record,
     pull_plan,
     pull_session,
+    task_id_in,
 )
 from airflow_plan_provider.plan.budgets import step_allowed
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
@@ -313,7 +314,7 @@ class PlanNodeOperator(BaseOperator):
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        tasks = locations(plan, state, parents)
+        tasks = {task_id_in(ti, task): indexes for task, indexes in locations(plan, state, parents).items()}
         states = RuntimeTaskInstance.get_task_states(
             dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
         )

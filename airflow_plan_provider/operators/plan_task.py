@@ -85,12 +85,17 @@ class PlanOperator(BaseOperator):
     :param lanes: the pool lanes this DAG has node tasks for; a node whose tool declares a pool runs in
         its lane (recorded in the session), and a pool with no lane here fails planning.
     :param artifact_store: the DAG's artifact store, checked to be shared by every worker (a warning).
+    :param budgets: the session's budgets when the run's conf (or Params) gives none.
+    :param goal: the session's goal, rendered as a Jinja template with the run's context (the task group
+        form); the run's conf is then not read at all (it belongs to the DAG the group is in).
+        ``None``: the conf (or the DAG's Params) gives the goal, a ready plan and budgets.
     :param ready_plan: a plan baked into the DAG (a frozen plan): run as is when the conf gives no plan,
         after rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``). Only
         this plan, written by the DAG's author, is rendered: a plan from the conf or a planner is
         untrusted text and never is.
     """
 
+    template_fields = ("goal",)
     ui_color = "#d9e8fb"
     operator_extra_links = (ParentRunLink(),)
 
@@ -100,6 +105,8 @@ class PlanOperator(BaseOperator):
         planner: Planner | None,
         tools: ToolRegistry | str | None = None,
         limits: Limits | None = None,
+        budgets: Budgets | None = None,
+        goal: str | None = None,
         repair_attempts: int = 2,
         eager: bool = False,
         lanes: Sequence[str] = (),
@@ -117,6 +124,8 @@ class PlanOperator(BaseOperator):
         self.planner = planner
         self.tools = tools
         self.limits = limits or Limits()
+        self.budgets = budgets or Budgets()
+        self.goal = goal
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
@@ -126,8 +135,11 @@ class PlanOperator(BaseOperator):
         shared = artifacts.local_store_warning(self.artifact_store)
         if shared:
             self.log.warning("%s", shared)
-        conf: Mapping[str, Any] = context["dag_run"].conf or {}
-        params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
+        if self.goal is None:
+            conf: Mapping[str, Any] = context["dag_run"].conf or {}
+            params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
+        else:  # a task group's session: the run's conf and Params are the DAG's own
+            conf, params = {}, {"goal": self.goal}
         try:
             state = self._session(ti, conf, params, run_id)
         except PlanningError as error:
@@ -230,10 +242,10 @@ class PlanOperator(BaseOperator):
             state = verified_session(ti, conf, run_id)
         else:
             budgets = Budgets(
-                max_steps=int(params.get("max_steps") or Budgets().max_steps),
+                max_steps=int(params.get("max_steps") or self.budgets.max_steps),
                 max_replans=int(params["max_replans"])
                 if params.get("max_replans") is not None
-                else Budgets().max_replans,
+                else self.budgets.max_replans,
             )
             state = SessionState(goal=str(params.get("goal") or ""), root_run_id=run_id, budgets=budgets)
         state.run_ids.append(run_id)

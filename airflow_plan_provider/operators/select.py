@@ -13,6 +13,7 @@ from airflow_plan_provider.operators.layout import (
     node_tasks,
     pull_plan,
     pull_session,
+    task_id_in,
 )
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class LayerSelectOperator(BaseOperator):
         if plan is None:
             raise AirflowSkipException("planning did not publish a plan")
         if self.approval_task_id and not approval_lets_nodes_run(
-            ti.xcom_pull(task_ids=self.approval_task_id, key=APPROVAL_KEY)
+            ti.xcom_pull(task_ids=task_id_in(ti, self.approval_task_id), key=APPROVAL_KEY)
         ):
             raise AirflowSkipException("the plan was not approved")
         return node_tasks(plan, pull_session(ti)).get(self.node_task, [])

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Budgets(BaseModel):
+    """A session's budgets (immutable): the trigger form's defaults; a run's conf may set its own.
+    A bad value is a ``ValueError`` (pydantic's ``ValidationError``) naming the field."""
+
+    model_config = ConfigDict(frozen=True)
+
     max_steps: int = Field(default=50, ge=1, description="Node executions across all revisions.")
     max_replans: int = Field(default=3, ge=0, description="Replans of one goal.")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import ApprovalPolicy, Budgets, Limits, NodeExecution
 from airflow_plan_provider.plan.approval import (
     Approval,
     approved_calls,
@@ -180,8 +181,7 @@ def test_a_request_no_node_depends_on_does_not_fail_a_session_that_cannot_replan
         "3": record("3", replan_requested=True, error="no deploys"),
         "5": record("5"),
     }
-    off = SessionState()
-    off.budgets.max_replans = 0
+    off = SessionState(budgets=Budgets(max_replans=0))
     done = conclude(plan, records, off)
     assert (done.kind, done.reason, done.replan_requested) == ("done", "goal_met", ["3"])
     assert "node 3 requested a replan: no deploys" in done.message
@@ -212,9 +212,8 @@ def registry(log: CallLog, risky: bool = True) -> ToolRegistry:
 def build(dag_id: str, tools: Any, **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("max_layers", 2)
-    options.setdefault("retry_delay", timedelta(0))
-    options.setdefault("node_retries", 0)
+    options.setdefault("limits", Limits(max_depth=2))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     plan = {"goal": "g", "nodes": [{"id": "1", "action": "read", "tool": "read", "params": {}}]}
     return build_plan_dag(dag_id, planner=ScriptedPlanner(plan), tools=tools, **options)
 
@@ -222,7 +221,11 @@ def build(dag_id: str, tools: Any, **options: Any) -> Any:
 @pytest.mark.airflow
 def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can_be_needed(tmp_path) -> None:
     log = CallLog(tmp_path)
-    dag = build("apv_layers", registry(log), approvers=["alice"], approval_timeout=timedelta(minutes=3))
+    dag = build(
+        "apv_layers",
+        registry(log),
+        approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=3)),
+    )
     approve = dag.get_task("approve")
     assert approve.upstream_task_ids == {"plan"}
     assert approve.downstream_task_ids == {"layer_0", "select_layer_1"}
@@ -232,7 +235,7 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     assert dag.get_task("layer_0").trigger_rule == "none_failed_min_one_success"
     assert dag.get_task("select_layer_1").approval_task_id == "approve"
 
-    eager = build("apv_eager", registry(log), eager=True)
+    eager = build("apv_eager", registry(log), execution=NodeExecution(mode="nodes"))
     assert eager.get_task("nodes").upstream_task_ids == {"plan", "approve"}
     assert eager.get_task("nodes").trigger_rule == "none_failed_min_one_success"
 
@@ -256,18 +259,18 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     assert pooled.get_task("select_layer_1__ticket_api").approval_task_id == "approve"
 
     assert "approve" not in build("apv_safe", registry(log, risky=False)).task_ids
-    assert "approve" not in build("apv_never", registry(log), approval="never").task_ids
-    always = build("apv_always", registry(log, risky=False), approval="always")
+    assert "approve" not in build("apv_never", registry(log), approval=ApprovalPolicy(mode="never")).task_ids
+    always = build("apv_always", registry(log, risky=False), approval=ApprovalPolicy(mode="always"))
     assert "approve" in always.task_ids
     # tools named by a spec string are loaded when the DAG is built: the demo's tools are not risky
     assert "approve" not in build("apv_spec", "plan_demo.tools:registry").task_ids
     assert build("apv_none", registry(log, risky=False)).get_task("layer_0").trigger_rule == "all_success"
-    with pytest.raises(ValueError, match="approval must be one of"):
-        build("apv_bad", registry(log), approval="maybe")
-    with pytest.raises(ValueError, match="approval_timeout"):
-        build("apv_bad_timeout", registry(log), approval_timeout=timedelta(0))
+    with pytest.raises(ValueError, match=r"ApprovalPolicy\.mode must be one of"):
+        build("apv_bad", registry(log), approval=ApprovalPolicy(mode="maybe"))
+    with pytest.raises(ValueError, match=r"ApprovalPolicy\.timeout must be a timedelta > 0"):
+        build("apv_bad_timeout", registry(log), approval=ApprovalPolicy(timeout=timedelta(0)))
     with pytest.raises(ValueError, match="approver"):
-        build("apv_bad_approver", registry(log), approvers=[{"name": "no id"}])
+        build("apv_bad_approver", registry(log), approval=ApprovalPolicy(approvers=[{"name": "no id"}]))
 
 
 @pytest.mark.airflow

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import artifacts
+from airflow_plan_provider import ArtifactStore, artifacts
 
 CELERY_WARNING = "the plan artifact store is the local folder"
 
@@ -111,7 +111,7 @@ def test_building_a_dag_warns_once_per_process_on_a_distributed_executor(
     with caplog.at_level(logging.WARNING, logger=dag_factory.__name__):
         _build("store_warning_1", tmp_path)
         _build("store_warning_2", tmp_path)
-        _build("store_warning_3", tmp_path, artifact_store="s3://bucket/plans")
+        _build("store_warning_3", tmp_path, artifacts=ArtifactStore(url="s3://bucket/plans"))
     warnings = [r.getMessage() for r in caplog.records if r.name == dag_factory.__name__]
     assert len(warnings) == 1 and warnings[0].startswith(CELERY_WARNING), warnings
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import Budgets, Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from tests.airflow.support import run_chain, run_dag, xcom
 
@@ -40,15 +41,16 @@ AROUND_FAILING = {
 
 
 def build(dag_id: str, planner: Any, log: CallLog, **options: Any) -> Any:
-    from airflow_plan_provider.dag_factory import ControlRetries, build_plan_dag
+    from airflow_plan_provider import ControlRetries
+    from airflow_plan_provider.dag_factory import build_plan_dag
 
     tools = [
         ScriptedTool("a", log=log, returns=1, side_effect=True),
         ScriptedTool("b", log=log, permanent="403 forbidden"),
         ScriptedTool("b2", log=log, returns=2, side_effect=True),
     ]
-    options.setdefault("max_layers", 2)
-    options.setdefault("node_retries", 0)
+    options.setdefault("limits", Limits(max_depth=2))
+    options.setdefault("execution", NodeExecution(retries=0))
     options.setdefault("control_retries", ControlRetries(retries=1, delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
@@ -111,8 +113,13 @@ def test_every_task_but_the_nodes_retries_promptly_by_default(tmp_path):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
     registry = scripted_registry(ScriptedTool("a", log=CallLog(tmp_path)))
-    layered = build_plan_dag("retries_layered", planner=None, tools=registry, max_layers=3)
-    eager = build_plan_dag("retries_eager", planner=None, tools=registry, eager=True, node_retries=4)
+    layered = build_plan_dag("retries_layered", planner=None, tools=registry, limits=Limits(max_depth=3))
+    eager = build_plan_dag(
+        "retries_eager",
+        planner=None,
+        tools=registry,
+        execution=NodeExecution(mode="nodes", retries=4),
+    )
     for dag, node_tasks, node_retries in (
         (layered, {"layer_0", "layer_1", "layer_2"}, 2),
         (eager, {"nodes"}, 4),
@@ -133,7 +140,7 @@ def test_control_retries_are_one_setting(tmp_path):
         "retries_set",
         planner=None,
         tools=registry,
-        max_layers=2,
+        limits=Limits(max_depth=2),
         control_retries=ControlRetries(retries=1, delay=timedelta(seconds=2)),
     )
     control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if not t.task_id.startswith("layer_")}
@@ -292,7 +299,7 @@ def test_replan_retry_waits_deferred_for_the_run_an_earlier_try_started(tmp_path
 def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path):
     log = CallLog(tmp_path / "calls")
     planner = ScriptedPlanner(LINEAR, on_error=[("403", AROUND_FAILING)])
-    dag = build("replan_retry_failed", planner, log, max_replans=1)
+    dag = build("replan_retry_failed", planner, log, budgets=Budgets(max_replans=1))
     root, child = run_chain(dag, {"goal": "g"})
     assert str(child.state) == "failed"
     ti = replan_again(dag, root)

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_tools
 from tests.airflow.support import run_dag, task_states, xcom
@@ -17,8 +18,8 @@ def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
     tools = scripted_registry(*seed_tools(log, **(overrides or {})))
-    options.setdefault("max_layers", 3)
-    options.setdefault("retry_delay", timedelta(seconds=0))
+    options.setdefault("limits", Limits(max_depth=3))
+    options.setdefault("execution", NodeExecution(retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     return build_plan_dag(dag_id, planner=ScriptedPlanner(plan_), tools=tools, **options)
 
@@ -111,4 +112,3 @@ def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
     assert limited.action is RetryAction.RETRY and limited.retry_delay == timedelta(seconds=42)
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
     assert policy.evaluate(PermanentToolError("403"), 1, 3).action is RetryAction.FAIL
-

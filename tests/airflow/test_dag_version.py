@@ -71,20 +71,41 @@ def test_example_dags_serialize_the_same_in_two_processes(tmp_path: Path) -> Non
 EVERY_OPTION_DAGS = """
 from datetime import timedelta
 
-from airflow_plan_provider import build_plan_dag
+from airflow.sdk import DAG
+
+from airflow_plan_provider import (
+    ApprovalPolicy, ArtifactStore, Budgets, ControlRetries, Limits, NodeExecution, build_plan_dag,
+    plan_task_group,
+)
 from airflow_plan_provider.planners.llm import LLMPlanner
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 log = CallLog({log!r})
 tools = scripted_registry(ScriptedTool("a", log=log), ScriptedTool("b", log=log, job_seconds=1))
+execution = dict(
+    pool="plan_nodes", timeout=timedelta(minutes=3), retry_delay=timedelta(seconds=7),
+    max_retry_delay=timedelta(minutes=1),
+)
 options = dict(
-    pool="plan_nodes", node_timeout=timedelta(minutes=3), retry_delay=timedelta(seconds=7),
-    max_retry_delay=timedelta(minutes=1), artifact_store="file:///tmp/plan-artifacts", max_layers=2,
+    limits=Limits(max_nodes=50, max_depth=2),
+    budgets=Budgets(max_steps=9, max_replans=1),
+    artifacts=ArtifactStore(url="file:///tmp/plan-artifacts", threshold=1024, checkpoints=False),
+    control_retries=ControlRetries(retries=1, delay=timedelta(seconds=3)),
+    approval=ApprovalPolicy("always", timeout=timedelta(hours=2), approvers=["alice"]),
+    operator_args={{"owner": "data-team", "queue": "plans", "on_failure_callback": print}},
 )
 llm = LLMPlanner(conn_id="x")
-eager = build_plan_dag("every_option_eager", planner=llm, tools=tools, eager=True, **options)
-layered = build_plan_dag("every_option_layered", planner=ScriptedPlanner(None), tools=dict(tools), **options)
+eager = build_plan_dag(
+    "every_option_eager", planner=llm, tools=tools, execution=NodeExecution(mode="nodes", **execution),
+    **options,
+)
+layered = build_plan_dag(
+    "every_option_layered", planner=ScriptedPlanner(None), tools=dict(tools),
+    execution=NodeExecution(**execution), **options,
+)
 by_spec = build_plan_dag("by_spec", planner=None, tools="plan_demo.tools:registry")
+with DAG("in_a_group", schedule=None) as in_a_group:
+    plan_task_group("triage", planner=llm, tools=tools, goal="triage {{{{ ds }}}}", **options)
 """
 
 
@@ -95,7 +116,7 @@ def test_every_option_serializes_the_same_in_two_processes(tmp_path: Path) -> No
     (folder / "every_option.py").write_text(EVERY_OPTION_DAGS.format(log=str(tmp_path / "calls")))
     first = parse_in_new_process(folder, tmp_path / "first.json")
     second = parse_in_new_process(folder, tmp_path / "second.json")
-    assert set(first) == {"every_option_eager", "every_option_layered", "by_spec"}
+    assert set(first) == {"every_option_eager", "every_option_layered", "by_spec", "in_a_group"}
     for dag_id in first:
         assert first[dag_id]["hash"] == second[dag_id]["hash"], dag_id
         assert " at 0x" not in first[dag_id]["json"], dag_id

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from tests.airflow.support import run_chain, run_dag, xcom
@@ -20,9 +21,8 @@ pytestmark = pytest.mark.airflow
 def build(dag_id, planner, tools, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("max_layers", 3)
-    options.setdefault("retry_delay", timedelta(seconds=0))
-    options.setdefault("node_retries", 0)
+    options.setdefault("limits", Limits(max_depth=3))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
 
@@ -48,7 +48,12 @@ def test_large_output_goes_to_the_artifact_store_and_arrives_intact(tmp_path):
             {"id": "2", "action": "checksum", "tool": "checksum", "params": {"data": "${1}"}},
         ]
     }
-    dag = build("artifact_roundtrip", ScriptedPlanner(plan), tools, artifact_store=f"file://{tmp_path}/store")
+    dag = build(
+        "artifact_roundtrip",
+        ScriptedPlanner(plan),
+        tools,
+        artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
+    )
     run = run_dag(dag, {"goal": "g"})
     assert str(run.state) == "success"
     record = xcom(run, "layer_0", key="node", map_index=0)
@@ -76,7 +81,7 @@ def test_replan_prompt_gets_only_the_summary_of_a_large_output(tmp_path):
         "nodes": [{"id": "3", "action": "load elsewhere", "tool": "load2", "params": {"d": "${1}"}}]
     }
     planner = ScriptedPlanner(plan, on_error=[("rejected", replacement)])
-    dag = build("artifact_replan", planner, tools, artifact_store=f"file://{tmp_path}/store")
+    dag = build("artifact_replan", planner, tools, artifacts=ArtifactStore(url=f"file://{tmp_path}/store"))
     runs = run_chain(dag, {"goal": "move the data"})
     assert xcom(runs[-1], "finalize")["status"] == "completed"
     replan_request = planner.requests[-1]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
@@ -39,9 +40,8 @@ def seed_session(dag_id: str, tmp_path: Any) -> list[Any]:
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        max_layers=4,
-        node_retries=0,
-        retry_delay=timedelta(seconds=0),
+        limits=Limits(max_depth=4),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
     return run_chain(dag, {"goal": "find why the payment API got slow yesterday"})
 

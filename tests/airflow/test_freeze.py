@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from airflow_plan_provider import Limits
 from airflow_plan_provider.cli import main
 from airflow_plan_provider.exceptions import FreezeError
 from airflow_plan_provider.freeze import (
@@ -130,15 +131,15 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
         "start_date": "datetime(2024, 1, 1, tzinfo=UTC)",
         "catchup": "False",
         "replan": "False",
-        "max_replans": "0",
-        "max_layers": "2",
+        "budgets": "Budgets(max_replans=0)",
+        "limits": "Limits(max_depth=2)",
         "tags": "['plan', 'frozen']",
         "doc_md": "__doc__",
     }
     assert "from plan_demo.tools import registry as tools\n" in text
     by_name = render(demo_plan(), tools="example_tools", import_tools=False, approval="always")
     assert module_parts(by_name)[2]["tools"] == "'example_tools'"
-    assert module_parts(by_name)[2]["approval"] == "'always'"
+    assert module_parts(by_name)[2]["approval"] == "ApprovalPolicy('always')"
 
 
 def test_plan_text_cannot_escape_the_docstring_or_the_literal() -> None:
@@ -282,7 +283,7 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
         }
 
     dag = build_plan_dag(
-        "frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools, max_layers=1
+        "frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools, limits=Limits(max_depth=1)
     )
     run = run_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, "finalize")["outputs"]["1"] == {"text": "day 2024-03-05"}

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
@@ -29,9 +30,8 @@ NODE_KEY = "node"
 def build(dag_id: str, planner: Any, tools: list[ScriptedTool], **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("max_layers", 3)
-    options.setdefault("retry_delay", timedelta(seconds=0))
-    options.setdefault("node_retries", 0)
+    options.setdefault("limits", Limits(max_depth=3))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
@@ -114,7 +114,9 @@ def test_runs_whose_ids_differ_only_in_punctuation_each_call_their_tool(tmp_path
     log = CallLog(tmp_path / "calls")
     tool = ContextTool("fetch", lambda ctx, params: {"run": ctx.run_id}, log=log)
     plan = {"nodes": [{"id": "1", "action": "fetch", "tool": "fetch"}]}
-    dag = build("iso_run_ids", ScriptedPlanner(plan), [tool], artifact_store=f"file://{tmp_path}/store")
+    dag = build(
+        "iso_run_ids", ScriptedPlanner(plan), [tool], artifacts=ArtifactStore(url=f"file://{tmp_path}/store")
+    )
 
     runs = [run_dag(dag, {"goal": "g"}) for _ in range(2)]
 
@@ -185,8 +187,8 @@ def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(
         f"iso_checkpoint_{tamper.__name__.strip('_')}",
         ScriptedPlanner(two_nodes("fetch")),
         [tool],
-        artifact_store=f"file://{store}",
-        node_retries=1,
+        artifacts=ArtifactStore(url=f"file://{store}"),
+        execution=NodeExecution(retries=1, retry_delay=timedelta(0)),
     )
     # the same logical date gives the same run id: dag.test replaces the run, as a clear would
     when = datetime(2024, 5, 1, tzinfo=UTC)
@@ -249,7 +251,12 @@ def test_a_tool_output_that_looks_like_a_reference_is_passed_on_as_plain_data(tm
             {"id": "2", "action": "echo", "tool": "echo", "params": {"data": "${1}"}},
         ]
     }
-    dag = build("iso_forged_ref", ScriptedPlanner(plan), tools, artifact_store=f"file://{tmp_path}/store")
+    dag = build(
+        "iso_forged_ref",
+        ScriptedPlanner(plan),
+        tools,
+        artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
+    )
     run = run_dag(dag, {"goal": "g"})
     assert str(run.state) == "success", task_states(run)
     record = xcom(run, "layer_1", key=NODE_KEY, map_index=0)
@@ -302,9 +309,8 @@ def test_a_damaged_stored_output_fails_the_reading_node_for_good(tmp_path, damag
         f"iso_damaged_{damage.__name__.strip('_')}",
         ScriptedPlanner(plan),
         tools,
-        artifact_store=f"file://{store}",
-        artifact_threshold=1024,
-        node_retries=2,
+        artifacts=ArtifactStore(url=f"file://{store}", threshold=1024),
+        execution=NodeExecution(retries=2, retry_delay=timedelta(0)),
     )
     run = run_dag(dag, {"goal": "g"})
 
@@ -456,8 +462,8 @@ def test_a_node_killed_after_its_tool_returned_is_not_called_again(tmp_path, mon
         "iso_kill_after_call",
         ScriptedPlanner(plan),
         [tool],
-        artifact_store=f"file://{tmp_path}/store",
-        node_retries=1,
+        artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
+        execution=NodeExecution(retries=1, retry_delay=timedelta(0)),
     )
     run = run_dag(dag, {"goal": "g"})
 

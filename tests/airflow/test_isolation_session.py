@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
@@ -54,10 +55,11 @@ def build(dag_id: str, log: CallLog, store: Path, *, fail_report: bool = False, 
         "nodes": [{"id": "3", "action": "report another way", "tool": "report2", "params": {"paid": "${1}"}}]
     }
     planner = ScriptedPlanner(plan, on_error=[("report service down", replacement)])
-    options.setdefault("max_layers", 3)
-    options.setdefault("retry_delay", timedelta(seconds=0))
-    options.setdefault("node_retries", 0)
-    return build_plan_dag(dag_id, planner=planner, tools=tools, artifact_store=f"file://{store}", **options)
+    options.setdefault("limits", Limits(max_depth=3))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
+    return build_plan_dag(
+        dag_id, planner=planner, tools=tools, artifacts=ArtifactStore(url=f"file://{store}"), **options
+    )
 
 
 def store_snapshot(store: Path) -> dict[str, bytes]:
@@ -235,7 +237,7 @@ def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     nodes = 20_000
     # a limit that lets the validator check every node: 20k problems, one unknown tool per node
-    dag = build("isolation_huge_plan", log, store, replan=False, max_nodes=nodes)
+    dag = build("isolation_huge_plan", log, store, replan=False, limits=Limits(max_nodes=nodes, max_depth=3))
     plan = {
         "nodes": [
             {"id": f"n{i}", "action": "step", "tool": "no_such_tool", "params": {}} for i in range(nodes)

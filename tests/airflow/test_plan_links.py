@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.seed import seed_replan_story
 from tests.airflow.support import run_chain, xcom
@@ -22,9 +23,8 @@ def build(dag_id: str, log: CallLog):
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        max_layers=3,
-        node_retries=0,
-        retry_delay=timedelta(seconds=0),
+        limits=Limits(max_depth=3),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
 
 

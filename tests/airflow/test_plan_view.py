@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState
@@ -28,9 +29,8 @@ def seed_dag(dag_id: str, log: CallLog):
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        max_layers=3,
-        node_retries=0,
-        retry_delay=timedelta(seconds=0),
+        limits=Limits(max_depth=3),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations, node_location, node_tasks
 from airflow_plan_provider.plan.session import SessionState
 from airflow_plan_provider.plan.validate import validate_plan
@@ -77,8 +78,8 @@ def build(dag_id: str, log: CallLog, plan_: Any = MIXED_PLAN, pooled: bool = Tru
 
     overrides = options.pop("overrides", {})
     planner = options.pop("planner", None) or ScriptedPlanner(plan_)
-    options.setdefault("max_layers", 3)
-    options.setdefault("retry_delay", timedelta(seconds=0))
+    options.setdefault("limits", Limits(max_depth=3))
+    options.setdefault("execution", NodeExecution(retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     registry = scripted_registry(*tools(log, pooled, **overrides))
     return build_plan_dag(dag_id, planner=planner, tools=registry, **options)
@@ -232,16 +233,22 @@ def test_parents_trigger_waits_on_several_tasks_and_reads_the_earlier_form() -> 
 
 
 def test_without_pooled_tools_the_dag_has_the_same_tasks_as_ever(tmp_path: Any) -> None:
-    dag = build("no_pools_shape", CallLog(tmp_path), pooled=False, pool="plan_nodes")
+    dag = build("no_pools_shape", CallLog(tmp_path), pooled=False, execution=NodeExecution(pool="plan_nodes"))
     assert sorted(dag.task_ids) == sorted(
         ["plan", "layer_0", "select_layer_1", "layer_1", "select_layer_2", "layer_2", "finalize"]
     )
-    eager = build("no_pools_eager_shape", CallLog(tmp_path), pooled=False, eager=True)
+    eager = build(
+        "no_pools_eager_shape", CallLog(tmp_path), pooled=False, execution=NodeExecution(mode="nodes")
+    )
     assert sorted(eager.task_ids) == ["finalize", "nodes", "plan"]
 
 
 def test_pooled_tools_add_one_lane_task_per_layer_with_the_tools_pool(tmp_path: Any) -> None:
-    dag = build("pools_shape", CallLog(tmp_path), pool="plan_nodes", max_active_nodes=4)
+    dag = build(
+        "pools_shape",
+        CallLog(tmp_path),
+        execution=NodeExecution(pool="plan_nodes", max_active_nodes=4),
+    )
     lanes = [None, API, HEAVY_LANE]
     layers = [f"layer_{k}" + (f"__{lane}" if lane else "") for k in range(3) for lane in lanes]
     selects = [f"select_{task}" for task in layers if task != "layer_0"]
@@ -283,8 +290,8 @@ def test_pooled_nodes_run_in_their_pools_with_the_same_result_as_without(tmp_pat
     trigger inline, before the parent it waits for. tests/e2e/test_celery_load.py runs an eager plan
     with pooled nodes.)"""
     plain_log, pooled_log = CallLog(tmp_path / "plain"), CallLog(tmp_path / "pooled")
-    plain = run_dag(build("lanes_plain", plain_log, pooled=False, pool="plan_nodes"))
-    pooled = run_dag(build("lanes_pooled", pooled_log, pool="plan_nodes"))
+    plain = run_dag(build("lanes_plain", plain_log, pooled=False, execution=NodeExecution(pool="plan_nodes")))
+    pooled = run_dag(build("lanes_pooled", pooled_log, execution=NodeExecution(pool="plan_nodes")))
 
     assert str(pooled.state) == str(plain.state) == "success"
     assert outcome(pooled) == outcome(plain)
@@ -338,7 +345,7 @@ def test_a_failed_pooled_node_skips_its_dependents_in_other_lanes_and_a_replan_r
         log,
         planner=planner,
         replan=True,
-        node_retries=0,
+        execution=NodeExecution(retries=0),
         overrides={"fetch": {"permanent": "404", "fail_nodes": ["c"]}},
     )
     first, second = run_chain(dag, {"goal": "mixed lanes"})

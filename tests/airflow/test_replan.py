@@ -7,6 +7,7 @@ from itertools import pairwise
 
 import pytest
 
+from airflow_plan_provider import Budgets, Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 from tests.airflow.support import run_chain, task_states, xcom
@@ -17,9 +18,8 @@ pytestmark = pytest.mark.airflow
 def build(dag_id, planner, tools, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("max_layers", 4)
-    options.setdefault("retry_delay", timedelta(seconds=0))
-    options.setdefault("node_retries", 0)
+    options.setdefault("limits", Limits(max_depth=4))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
 
@@ -118,7 +118,7 @@ def test_replans_exhausted(tmp_path):
         linear(("1", "a"), ("2", "b")),
         on_error=[("still broken", lambda req: linear((f"r{req.revision}", "b")))],
     )
-    runs = run_chain(build("replans_out", planner, tools, max_replans=2), {"goal": "g"})
+    runs = run_chain(build("replans_out", planner, tools, budgets=Budgets(max_replans=2)), {"goal": "g"})
     assert len(runs) == 3
     result = final_result(runs)
     assert (result["status"], result["reason"]) == ("failed", "replan_budget")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
 from tests.airflow.support import run_chain, run_dag, task_states, xcom
@@ -22,9 +23,8 @@ GOAL = "find why the payment API got slow yesterday"
 def build(dag_id: str, planner: Any, tools: list[Any], **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("max_layers", 4)
-    options.setdefault("node_retries", 0)
-    options.setdefault("retry_delay", timedelta(seconds=0))
+    options.setdefault("limits", Limits(max_depth=4))
+    options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider import ApprovalPolicy, Limits, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 SECRET = "sk-e2e-approval-secret-0042"  # a param value the approval request must not show
@@ -57,9 +57,8 @@ e2e_approval = build_plan_dag(
     "e2e_approval",
     planner=ScriptedPlanner(purge_plan()),
     tools=tools("e2e_approval"),
-    approvers=["alice"],
-    approval_timeout=timedelta(minutes=10),
-    max_layers=2,
+    approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
+    limits=Limits(max_depth=2),
     **COMMON,
 )
 
@@ -68,9 +67,8 @@ e2e_approval_timeout = build_plan_dag(
     "e2e_approval_timeout",
     planner=ScriptedPlanner(purge_plan()),
     tools=tools("e2e_approval_timeout"),
-    approvers=["alice"],
-    approval_timeout=timedelta(seconds=10),
-    max_layers=2,
+    approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(seconds=10)),
+    limits=Limits(max_depth=2),
     **COMMON,
 )
 
@@ -99,8 +97,7 @@ e2e_approval_replan = build_plan_dag(
         ],
     ),
     tools=tools("e2e_approval_replan", probe_replans=True),
-    approvers=["alice"],
-    approval_timeout=timedelta(minutes=10),
-    max_layers=3,
+    approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
+    limits=Limits(max_depth=3),
     **COMMON,
 )

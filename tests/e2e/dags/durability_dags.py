@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import PermanentToolError, build_plan_dag
+from airflow_plan_provider import Budgets, Limits, NodeExecution, PermanentToolError, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
 
@@ -81,9 +81,9 @@ e2e_crash = build_plan_dag(
     "e2e_crash",
     planner=None,
     tools=scripted_registry(EffectFirstTool("step", log=call_log("e2e_crash"))),
-    max_layers=3,
-    node_retries=2,
-    max_replans=0,
+    limits=Limits(max_depth=3),
+    execution=NodeExecution(retries=2),
+    budgets=Budgets(max_replans=0),
     **COMMON,
 )
 
@@ -107,9 +107,9 @@ e2e_clear = build_plan_dag(
         ScriptedTool("steady", log=call_log("e2e_clear"), returns={"ok": True}),
         GatedTool("gated", log=call_log("e2e_clear"), gate=call_log("e2e_clear").folder / GATE, returns=7),
     ),
-    max_layers=3,
-    node_retries=1,
-    max_replans=0,
+    limits=Limits(max_depth=3),
+    execution=NodeExecution(retries=1),
+    budgets=Budgets(max_replans=0),
     **COMMON,
 )
 
@@ -131,8 +131,8 @@ e2e_async_wait = build_plan_dag(
             poll_interval=1.0,
         )
     ),
-    max_layers=1,
-    max_replans=0,
+    limits=Limits(max_depth=1),
+    budgets=Budgets(max_replans=0),
     **COMMON,
 )
 
@@ -148,9 +148,9 @@ e2e_quick_three = build_plan_dag(
         }
     ),
     tools=scripted_registry(ScriptedTool("quick", log=call_log("e2e_quick_three"), returns="done")),
-    max_layers=1,
-    max_active_nodes=1,
-    max_replans=0,
+    limits=Limits(max_depth=1),
+    execution=NodeExecution(max_active_nodes=1),
+    budgets=Budgets(max_replans=0),
     **COMMON,
 )
 
@@ -173,7 +173,7 @@ e2e_async_fails = build_plan_dag(
             poll_interval=0.5,
         )
     ),
-    max_layers=1,
-    max_replans=0,
+    limits=Limits(max_depth=1),
+    budgets=Budgets(max_replans=0),
     **COMMON,
 )

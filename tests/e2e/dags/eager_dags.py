@@ -7,7 +7,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider import NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_tools
 
@@ -36,9 +36,7 @@ e2e_eager_unbalanced = build_plan_dag(
         ScriptedTool("slow", log=_log, returns="slow", sleep=20),
         ScriptedTool("quick", log=_log, returns="q", sleep=1),
     ),
-    eager=True,
-    max_active_nodes=4,
-    node_retries=0,
+    execution=NodeExecution(mode="nodes", max_active_nodes=4, retries=0),
     replan=False,
 )
 
@@ -48,8 +46,6 @@ e2e_eager_seed_failure = build_plan_dag(
     tools=scripted_registry(
         *seed_tools(call_log("e2e_eager_seed_failure"), query_deploys={"permanent": "403"})
     ),
-    eager=True,
-    node_retries=0,
-    retry_delay=timedelta(seconds=1),
+    execution=NodeExecution(mode="nodes", retries=0, retry_delay=timedelta(seconds=1)),
     replan=False,
 )

@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from airflow_plan_provider import ToolRegistry, build_plan_dag
+from airflow_plan_provider import Limits, NodeExecution, ToolRegistry, build_plan_dag
 from airflow_plan_provider.testing import ScriptedPlanner
 
 POOL = "rate_limited_api"
@@ -132,7 +132,9 @@ COMMON: dict[str, Any] = {
     "tags": ["e2e"],
 }
 
-e2e_pool_load = build_plan_dag("e2e_pool_load", planner=ScriptedPlanner(_plan_for), max_layers=2, **COMMON)
+e2e_pool_load = build_plan_dag(
+    "e2e_pool_load", planner=ScriptedPlanner(_plan_for), limits=Limits(max_depth=2), **COMMON
+)
 
 # eager mode: lanes wait for parents in other lanes (api0 -> local0 -> api1, and sum0 reads both lanes)
 EAGER_PLAN = {
@@ -171,5 +173,9 @@ EAGER_PLAN = {
     ],
 }
 e2e_pool_eager = build_plan_dag(
-    "e2e_pool_eager", planner=ScriptedPlanner(EAGER_PLAN), eager=True, max_layers=4, **COMMON
+    "e2e_pool_eager",
+    planner=ScriptedPlanner(EAGER_PLAN),
+    execution=NodeExecution(mode="nodes"),
+    limits=Limits(max_depth=4),
+    **COMMON,
 )

@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import build_plan_dag
+from airflow_plan_provider import Limits, NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 
@@ -46,7 +46,7 @@ e2e_seed_failure = build_plan_dag(
     tools=scripted_registry(
         *seed_tools(call_log("e2e_seed_failure"), query_deploys={"permanent": "deploy API says 403"})
     ),
-    max_layers=3,
+    limits=Limits(max_depth=3),
     **COMMON,
 )
 
@@ -57,7 +57,7 @@ e2e_seed_replan = build_plan_dag(
     tools=scripted_registry(
         *seed_tools(call_log("e2e_seed_replan"), query_deploys={"replan": "no deploys yesterday"})
     ),
-    max_layers=3,
+    limits=Limits(max_depth=3),
     **COMMON,
 )
 
@@ -68,8 +68,8 @@ e2e_cap_two = build_plan_dag(
     tools=scripted_registry(
         ScriptedTool("nap", log=call_log("e2e_cap_two"), sleep=NAP_SECONDS, returns="rested")
     ),
-    max_layers=1,
-    max_active_nodes=2,
+    limits=Limits(max_depth=1),
+    execution=NodeExecution(max_active_nodes=2),
     **COMMON,
 )
 
@@ -80,9 +80,8 @@ e2e_pool_three = build_plan_dag(
     tools=scripted_registry(
         ScriptedTool("nap", log=call_log("e2e_pool_three"), sleep=NAP_SECONDS, returns="rested")
     ),
-    max_layers=1,
-    max_active_nodes=5,
-    pool=POOL,
+    limits=Limits(max_depth=1),
+    execution=NodeExecution(max_active_nodes=5, pool=POOL),
     **COMMON,
 )
 
@@ -103,7 +102,7 @@ e2e_transient = build_plan_dag(
         ScriptedTool("flaky", log=call_log("e2e_transient"), transient_failures=1, returns={"ok": True}),
         ScriptedTool("steady", log=call_log("e2e_transient"), returns="done"),
     ),
-    max_layers=2,
-    node_retries=2,
+    limits=Limits(max_depth=2),
+    execution=NodeExecution(retries=2),
     **COMMON,
 )
