@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_plan_provider.dag_factory import ControlRetries, build_plan_dag
+    from airflow_plan_provider.dag_factory import PlanTaskGroup, build_plan_dag, plan_task_group
     from airflow_plan_provider.exceptions import (
         PermanentToolError,
         PlanningError,
@@ -28,14 +28,15 @@ if TYPE_CHECKING:
     from airflow_plan_provider.plan.result import SessionResult
     from airflow_plan_provider.plan.validate import Limits, validate_plan
     from airflow_plan_provider.planners.base import Planner, PlanRequest
+    from airflow_plan_provider.settings import ApprovalPolicy, ArtifactStore, ControlRetries, NodeExecution
     from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Budgets": "airflow_plan_provider.plan.budgets",
     "ApprovalPolicy": "airflow_plan_provider.settings",
     "ArtifactStore": "airflow_plan_provider.settings",
+    "Budgets": "airflow_plan_provider.plan.budgets",
     "ControlRetries": "airflow_plan_provider.settings",
     "Edge": "airflow_plan_provider.plan.model",
     "Limits": "airflow_plan_provider.plan.validate",
@@ -46,8 +47,8 @@ _EXPORTS = {
     "PlanDiff": "airflow_plan_provider.plan.merge",
     "PlanProviderError": "airflow_plan_provider.exceptions",
     "PlanRequest": "airflow_plan_provider.planners.base",
-    "PlanValidationError": "airflow_plan_provider.exceptions",
     "PlanTaskGroup": "airflow_plan_provider.dag_factory",
+    "PlanValidationError": "airflow_plan_provider.exceptions",
     "Planner": "airflow_plan_provider.planners.base",
     "PlanningError": "airflow_plan_provider.exceptions",
     "Problem": "airflow_plan_provider.plan.problems",
@@ -66,16 +67,20 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ApprovalPolicy",
+    "ArtifactStore",
     "Budgets",
     "ControlRetries",
     "Edge",
     "Limits",
     "Node",
+    "NodeExecution",
     "PermanentToolError",
     "Plan",
     "PlanDiff",
     "PlanProviderError",
     "PlanRequest",
+    "PlanTaskGroup",
     "PlanValidationError",
     "Planner",
     "PlanningError",
@@ -90,6 +95,7 @@ __all__ = [
     "build_plan_dag",
     "merge_replan",
     "plan_diff",
+    "plan_task_group",
     "validate_plan",
 ]
 

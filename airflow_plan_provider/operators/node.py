@@ -16,6 +16,7 @@ from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     NODE_KEY,
+    group_prefix,
     locations,
     pull_node_record,
     pull_plan,
@@ -100,10 +101,13 @@ class NodeRun:
         return AirflowFailException(f"node {self.node.id}: {reason}")
 
     def key(self, node: Node | None = None) -> str:
-        """The idempotency key of ``node`` (default: this run's node) in this session."""
+        """The idempotency key of ``node`` (default: this run's node) in this session (a plan in a task
+        group has its own sessions: ``dag:group``, so two groups' nodes never share a key)."""
         node = node or self.node
         root = self.state.root_run_id or self.ti.run_id
-        return idempotency_key(self.ti.dag_id, root, node.id, node.tool, node.params)
+        group = group_prefix(getattr(self.ti, "task", None)).rstrip(".")
+        scope = f"{self.ti.dag_id}:{group}" if group else self.ti.dag_id
+        return idempotency_key(scope, root, node.id, node.tool, node.params)
 
 
 class PlanNodeOperator(BaseOperator):

@@ -39,10 +39,12 @@ def create_app() -> FastAPI:
     @app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse, dependencies=access)
     def page(dag_id: str, run_id: str, request: Request) -> HTMLResponse:
         view_base, _ui_base = _bases(request)
+        group = request.query_params.get("group")
+        data_url = f"{view_base}/data/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
         config = {
             "dag_id": dag_id,
             "run_id": run_id,
-            "data_url": f"{view_base}/data/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}",
+            "data_url": data_url + (f"?group={quote(group, safe='')}" if group else ""),
         }
         nonce = secrets.token_urlsafe(16)
         html = _page_template().replace("__NONCE__", nonce).replace("__CONFIG__", _script_json(config))
@@ -59,8 +61,10 @@ def create_app() -> FastAPI:
         )
 
     @app.get("/data/dags/{dag_id}/runs/{run_id}", dependencies=access)
-    def data(dag_id: str, run_id: str, request: Request, session: SessionDep) -> dict[str, Any]:
-        chain = load_chain(session, dag_id, run_id)
+    def data(
+        dag_id: str, run_id: str, request: Request, session: SessionDep, group: str | None = None
+    ) -> dict[str, Any]:
+        chain = load_chain(session, dag_id, run_id, group)
         if chain is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} has no run {run_id!r}")
         view_base, ui_base = _bases(request)

@@ -63,10 +63,12 @@ class RunData:
 
     ``xcoms`` maps ``(task_id, map_index, key)`` to the value as the task pushed it; ``tis`` maps
     ``(task_id, map_index)`` to the task instance's ``state``, ``try_number``, ``start_date``,
-    ``end_date``, ``duration`` (seconds) and ``hostname``.
+    ``end_date``, ``duration`` (seconds) and ``hostname``. ``xcom`` and ``ti`` take the plan's own task
+    ids (``plan``, ``layer_0``) and add ``prefix`` when the plan runs in a task group.
     """
 
     run_id: str
+    prefix: str = ""  # the plan's task group prefix (``triage.``), "" for a plan DAG
     state: str | None = None
     start_date: str | None = None
     end_date: str | None = None
@@ -75,7 +77,10 @@ class RunData:
     tis: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     def xcom(self, task_id: str, key: str) -> Any:
-        return self.xcoms.get((task_id, -1, key))
+        return self.xcoms.get((self.prefix + task_id, -1, key))
+
+    def ti(self, task_id: str, map_index: int = -1) -> dict[str, Any] | None:
+        return self.tis.get((self.prefix + task_id, map_index))
 
     @property
     def session(self) -> dict[str, Any] | None:
@@ -86,7 +91,9 @@ class RunData:
     def records(self) -> dict[str, dict[str, Any]]:
         """Node id → the record its task pushed."""
         found: dict[str, dict[str, Any]] = {}
-        for (_task, _index, key), value in sorted(self.xcoms.items(), key=lambda item: item[0][:2]):
+        for (task, _index, key), value in sorted(self.xcoms.items(), key=lambda item: item[0][:2]):
+            if not task.startswith(self.prefix):  # another plan group's node
+                continue
             if key == NODE_KEY and isinstance(value, dict) and isinstance(value.get("node_id"), str):
                 found[value["node_id"]] = value
         return found
@@ -164,7 +171,9 @@ def plan_view(
         view["parent_run_id"] = chain[index - 1].run_id if index else None
         view["child_run_id"] = chain[index + 1].run_id if index + 1 < len(chain) else None
         view["ui_url"] = f"{ui_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
-        view["view_url"] = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+        view["view_url"] = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}" + (
+            f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else ""
+        )
         runs.append(view)
         previous_plan = _plan_of(run) or previous_plan
     first_session = chain[0].session or {}
@@ -229,7 +238,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     for entry in session.get("revisions") or []:
         if isinstance(entry, dict) and entry.get("revision") == revision:
             reason, trigger, diff = entry.get("reason"), entry.get("trigger_node"), entry.get("diff")
-    plan_ti = run.tis.get((PLAN_TASK, -1), {})
+    plan_ti = run.ti(PLAN_TASK) or {}
     finalize = run.xcom(FINALIZE_TASK, RESULT_KEY)
     view: dict[str, Any] = {
         "run_id": run.run_id,
@@ -273,13 +282,13 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                 _node_view(
                     node.model_dump(mode="json", exclude_none=True),
                     layer_index,
-                    run.tis.get((task_id, map_index)),
+                    run.ti(task_id, map_index),
                     records.get(node_id),
                     _resolved_params(plan, node_id, records.get(node_id), outputs),
                     marks.get(node_id),
                     redact,
                 )
-                | {"task_id": task_id, "map_index": map_index}
+                | {"task_id": run.prefix + task_id, "map_index": map_index}
             )
     for child, parents in plan.parents.items():
         for parent in parents:

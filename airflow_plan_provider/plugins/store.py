@@ -17,15 +17,36 @@ from airflow_plan_provider.operators.layout import NODE_KEY, PLAN_TASK, SESSION_
 from airflow_plan_provider.plugins.data import XCOM_KEYS, RunData, chain_candidates, root_of, session_chain
 
 
-def load_chain(session: Session, dag_id: str, run_id: str) -> list[RunData] | None:
-    """The runs of the session run ``run_id`` belongs to (root first), or None when there is no such run."""
-    opened = load_runs(session, dag_id, [run_id], keys=((PLAN_TASK, SESSION_KEY),), with_tis=False)
+def load_chain(session: Session, dag_id: str, run_id: str, group: str | None = None) -> list[RunData] | None:
+    """The runs of the session run ``run_id`` belongs to (root first), or None when there is no such run.
+
+    A plan in a task group (``plan_task_group``) is found by its planning task ``<group>.plan``:
+    ``group`` names it, else the run's first plan (by task id) is shown.
+    """
+    prefix = _plan_prefix(session, dag_id, run_id, group)
+    keys = ((prefix + PLAN_TASK, SESSION_KEY),)
+    opened = load_runs(session, dag_id, [run_id], keys=keys, with_tis=False, prefix=prefix)
     if run_id not in opened:
         return None
     root, max_replans = root_of(opened[run_id])
     candidates = chain_candidates(root, max_replans)
-    runs = load_runs(session, dag_id, sorted({run_id, *candidates}))
+    runs = load_runs(session, dag_id, sorted({run_id, *candidates}), prefix=prefix)
     return session_chain(run_id, runs)
+
+
+def _plan_prefix(session: Session, dag_id: str, run_id: str, group: str | None) -> str:
+    """The task id prefix of the plan to show: ``""`` for a plan DAG, ``"<group>."`` for a task group."""
+    if group:
+        return f"{group}."
+    from airflow.models.xcom import XComModel
+
+    planning = session.scalars(
+        select(XComModel.task_id)
+        .where(XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == SESSION_KEY)
+        .where(or_(XComModel.task_id == PLAN_TASK, XComModel.task_id.like(f"%.{PLAN_TASK}")))
+        .order_by(XComModel.task_id)
+    ).first()
+    return planning.removesuffix(PLAN_TASK) if planning else ""
 
 
 def load_runs(
@@ -33,13 +54,14 @@ def load_runs(
     dag_id: str,
     run_ids: Iterable[str],
     *,
-    keys: Iterable[tuple[str, str]] = XCOM_KEYS,
+    keys: Iterable[tuple[str, str]] | None = None,
     with_tis: bool = True,
+    prefix: str = "",
 ) -> dict[str, RunData]:
     """Run id → :class:`RunData`, for the runs of ``dag_id`` among ``run_ids`` that exist.
 
-    Reads the XComs named in ``keys`` (task id, key) and, with ``with_tis``, every node record and
-    task instance.
+    Reads the XComs named in ``keys`` (full task id, key; default :data:`XCOM_KEYS` of the plan whose
+    task ids start with ``prefix``) and, with ``with_tis``, every node record and task instance.
     """
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
@@ -50,6 +72,7 @@ def load_runs(
     for dag_run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(wanted))):
         runs[dag_run.run_id] = RunData(
             run_id=dag_run.run_id,
+            prefix=prefix,
             state=_state(dag_run.state),
             start_date=_iso(dag_run.start_date),
             end_date=_iso(dag_run.end_date),
@@ -57,7 +80,7 @@ def load_runs(
         )
     if not runs:
         return runs
-    keys = list(keys)
+    keys = list(keys) if keys is not None else [(prefix + task, key) for task, key in XCOM_KEYS]
     which: list[Any] = [(XComModel.task_id == task_id) & (XComModel.key == key) for task_id, key in keys]
     if with_tis:
         which.append(XComModel.key == NODE_KEY)

@@ -93,3 +93,52 @@ def test_a_failed_session_fails_the_group_and_the_tasks_after_it_do_not_run(tmp_
     assert (result["status"], result["reason"]) == ("failed", "node_failed")  # never replanned
     assert result["goal"] == "why is payments slow"
     assert result["usage"]["steps"] == 3  # the conf's max_steps was not read: the group's budgets hold
+
+
+def test_two_groups_in_one_dag_are_two_sessions(tmp_path) -> None:
+    from airflow.sdk import DAG
+
+    from airflow_plan_provider import plan_task_group
+
+    log = CallLog(tmp_path)
+    registry = scripted_registry(
+        ScriptedTool("count", log=log, returns=3),
+        ScriptedTool("compare", log=log, returns=lambda params: params),
+    )
+    settings: dict[str, Any] = {
+        "planner": ScriptedPlanner(PLAN),
+        "tools": registry,
+        "limits": Limits(max_depth=2),
+        "execution": NodeExecution(retries=0, retry_delay=timedelta(0)),
+    }
+    with DAG("two_groups", schedule=None) as dag:
+        first = plan_task_group("first", goal="first", **settings)
+        second = plan_task_group("second", goal="second", **settings)
+        first >> second
+    run = run_dag(dag)
+    assert str(run.state) == "success"
+    # the same node calls in two sessions: each calls its tools (no shared idempotency key or checkpoint)
+    assert {n: log.count(node=n) for n in "abc"} == dict.fromkeys("abc", 2)
+    assert len({call["key"] for call in log.calls()}) == 6
+    assert [xcom(run, f"{group}.finalize")["goal"] for group in ("first", "second")] == ["first", "second"]
+
+    # the plan view shows one group's plan: the first by default, another when named
+    from airflow.utils.session import create_session
+
+    from airflow_plan_provider.plugins.data import plan_view
+    from airflow_plan_provider.plugins.store import load_chain
+
+    with create_session() as session:
+        shown = {group: load_chain(session, "two_groups", run.run_id, group) for group in (None, "second")}
+    for group, goal in ((None, "first"), ("second", "second")):
+        chain = shown[group]
+        assert chain is not None and [r.run_id for r in chain] == [run.run_id]
+        view = plan_view("two_groups", run.run_id, chain)
+        assert view["goal"] == goal and view["outcome"]["status"] == "completed"
+        nodes = {node["id"]: node for node in view["runs"][0]["nodes"]}
+        assert {n: (nodes[n]["task_id"], nodes[n]["state"]) for n in "abc"} == {
+            "a": (f"{goal}.layer_0", "success"),
+            "b": (f"{goal}.layer_0", "success"),
+            "c": (f"{goal}.layer_1", "success"),
+        }
+        assert view["runs"][0]["plan_state"] == "planned"
