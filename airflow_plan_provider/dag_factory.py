@@ -223,8 +223,8 @@ class _PlanTasks:
             ready_plan=plan,
         )
 
-    def build(self, *, goal: str | None, replan_dag_id: str | None) -> tuple[Any, Any]:
-        """Add the tasks to the DAG or task group being defined; return the first and the last.
+    def build(self, *, goal: str | None, replan_dag_id: str | None) -> None:
+        """Add the tasks to the DAG or task group being defined.
 
         ``goal`` is the planning task's own goal (the task group form), ``None`` to read it from the run's
         conf and Params (the DAG form); ``replan_dag_id`` adds the ``replan`` task, which starts runs of
@@ -318,10 +318,7 @@ class _PlanTasks:
         )
         [planning, *previous] >> finalize
         if replan_dag_id:
-            replan = ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
-            finalize >> replan
-            return planning, replan
-        return planning, finalize
+            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
 
 
 def build_plan_dag(
