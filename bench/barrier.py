@@ -51,6 +51,8 @@ from _planbench import (
     work_plan_dag_source,
 )
 
+from airflow_plan_provider import Budgets, Limits, NodeExecution
+
 PLAN_DAG = "bench_barrier_plan"
 NOOP_DAG = "bench_noop"
 STATIC_DAG = "bench_barrier_static"
@@ -122,9 +124,9 @@ def main() -> int:
     bench = Bench("bench-barrier")
     load_before = load_note()
     build = {
-        "max_layers": len(WIDTHS),
-        "max_active_nodes": 60,
-        "max_steps": 200,
+        "limits": Limits(max_depth=len(WIDTHS)),
+        "execution": NodeExecution(max_active_nodes=60),
+        "budgets": Budgets(max_steps=200),
         "max_active_tasks": PARALLELISM,
     }
     bench.write_dag(PLAN_DAG, work_plan_dag_source(PLAN_DAG, bench.calls_folder, **build))

@@ -1,7 +1,7 @@
 """Layer barrier versus eager mode on the unbalanced 60-node plan of ``barrier.py``, side by side.
 
 Runs the same plan (seed 5: layers 14-3-13-2-16-12, tools sleeping 1-10 s) three ways in one Airflow:
-the layered plan DAG, the plan DAG with ``eager=True`` (one mapped task; a node starts when its own
+the layered plan DAG, the plan DAG in mode ``nodes`` (one mapped task; a node starts when its own
 parents finish, waiting deferred on the triggerer), and the same plan as a static DAG. Prints makespans
 and their ratios to the critical path, the layered bound and the static DAG. Asserts nothing about time.
 
@@ -30,7 +30,7 @@ from _planbench import (
 )
 from barrier import PARALLELISM, WIDTHS, make_plan
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import Budgets, Limits, NodeExecution
 
 LAYERED, EAGER, STATIC, NOOP = (
     "bench_eager_layered",
@@ -54,15 +54,24 @@ def main() -> int:
     cp, _ = critical_path(plan, seconds)
     lb = layered_bound(plan, seconds)
     cp, lb = cp * args.scale, lb * args.scale
-    build = {"max_active_nodes": 60, "max_steps": 200, "max_active_tasks": PARALLELISM}
+    build = {"budgets": Budgets(max_steps=200), "max_active_tasks": PARALLELISM}
     bench = Bench("bench-eager")
     before = load_note()
     bench.write_dag(
         LAYERED,
-        work_plan_dag_source(LAYERED, bench.calls_folder, limits=Limits(max_depth=len(WIDTHS)), **build),
+        work_plan_dag_source(
+            LAYERED,
+            bench.calls_folder,
+            limits=Limits(max_depth=len(WIDTHS)),
+            execution=NodeExecution(max_active_nodes=60),
+            **build,
+        ),
     )
     bench.write_dag(
-        EAGER, work_plan_dag_source(EAGER, bench.calls_folder, execution=NodeExecution(mode="nodes"), **build)
+        EAGER,
+        work_plan_dag_source(
+            EAGER, bench.calls_folder, execution=NodeExecution(mode="nodes", max_active_nodes=60), **build
+        ),
     )
     bench.write_dag(
         STATIC, static_dag_source(STATIC, plan, seconds, bench.calls, max_active_tasks=PARALLELISM)

@@ -12,11 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import ApprovalPolicy, Limits, build_plan_dag
+from airflow_plan_provider import ApprovalPolicy, Limits, NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 SECRET = "sk-e2e-approval-secret-0042"  # a param value the approval request must not show
-COMMON: dict[str, Any] = {"retry_delay": timedelta(seconds=1), "node_retries": 0, "tags": ["e2e"]}
+#: the node tasks' settings every DAG here starts from
+NODES: dict[str, Any] = {"retry_delay": timedelta(seconds=1), "retries": 0}
+COMMON: dict[str, Any] = {"tags": ["e2e"]}
 
 
 def call_log(dag_id: str) -> CallLog:
@@ -59,6 +61,7 @@ e2e_approval = build_plan_dag(
     tools=tools("e2e_approval"),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
     limits=Limits(max_depth=2),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )
 
@@ -69,6 +72,7 @@ e2e_approval_timeout = build_plan_dag(
     tools=tools("e2e_approval_timeout"),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(seconds=10)),
     limits=Limits(max_depth=2),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )
 
@@ -99,5 +103,6 @@ e2e_approval_replan = build_plan_dag(
     tools=tools("e2e_approval_replan", probe_replans=True),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
     limits=Limits(max_depth=3),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )

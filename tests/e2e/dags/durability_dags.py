@@ -70,11 +70,9 @@ class GatedTool(ScriptedTool):
             return self.returns
 
 
-COMMON: dict[str, Any] = {
-    "retry_delay": timedelta(seconds=1),
-    "max_retry_delay": timedelta(seconds=2),
-    "tags": ["e2e", "durability"],
-}
+#: the node tasks' settings every DAG here starts from
+NODES: dict[str, Any] = {"retry_delay": timedelta(seconds=1), "max_retry_delay": timedelta(seconds=2)}
+COMMON: dict[str, Any] = {"tags": ["e2e", "durability"]}
 
 # The plan is given in each run's conf (see crash_plan in the test module); no replan.
 e2e_crash = build_plan_dag(
@@ -82,7 +80,7 @@ e2e_crash = build_plan_dag(
     planner=None,
     tools=scripted_registry(EffectFirstTool("step", log=call_log("e2e_crash"))),
     limits=Limits(max_depth=3),
-    execution=NodeExecution(retries=2),
+    execution=NodeExecution(**NODES, retries=2),
     budgets=Budgets(max_replans=0),
     **COMMON,
 )
@@ -108,7 +106,7 @@ e2e_clear = build_plan_dag(
         GatedTool("gated", log=call_log("e2e_clear"), gate=call_log("e2e_clear").folder / GATE, returns=7),
     ),
     limits=Limits(max_depth=3),
-    execution=NodeExecution(retries=1),
+    execution=NodeExecution(**NODES, retries=1),
     budgets=Budgets(max_replans=0),
     **COMMON,
 )
@@ -133,6 +131,7 @@ e2e_async_wait = build_plan_dag(
     ),
     limits=Limits(max_depth=1),
     budgets=Budgets(max_replans=0),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )
 
@@ -149,7 +148,7 @@ e2e_quick_three = build_plan_dag(
     ),
     tools=scripted_registry(ScriptedTool("quick", log=call_log("e2e_quick_three"), returns="done")),
     limits=Limits(max_depth=1),
-    execution=NodeExecution(max_active_nodes=1),
+    execution=NodeExecution(**NODES, max_active_nodes=1),
     budgets=Budgets(max_replans=0),
     **COMMON,
 )
@@ -175,5 +174,6 @@ e2e_async_fails = build_plan_dag(
     ),
     limits=Limits(max_depth=1),
     budgets=Budgets(max_replans=0),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )

@@ -124,16 +124,16 @@ def _plan_for(request: Any) -> dict[str, Any]:
     return load_plan(int(request.goal.rsplit(" ", 1)[1]))
 
 
-COMMON: dict[str, Any] = {
-    "tools": registry,
-    "retry_delay": timedelta(seconds=1),
-    "max_retry_delay": timedelta(seconds=2),
-    "replan": False,
-    "tags": ["e2e"],
-}
+#: the node tasks' settings every DAG here starts from
+NODES: dict[str, Any] = {"retry_delay": timedelta(seconds=1), "max_retry_delay": timedelta(seconds=2)}
+COMMON: dict[str, Any] = {"tools": registry, "replan": False, "tags": ["e2e"]}
 
 e2e_pool_load = build_plan_dag(
-    "e2e_pool_load", planner=ScriptedPlanner(_plan_for), limits=Limits(max_depth=2), **COMMON
+    "e2e_pool_load",
+    planner=ScriptedPlanner(_plan_for),
+    limits=Limits(max_depth=2),
+    execution=NodeExecution(**NODES),
+    **COMMON,
 )
 
 # eager mode: lanes wait for parents in other lanes (api0 -> local0 -> api1, and sum0 reads both lanes)
@@ -175,7 +175,7 @@ EAGER_PLAN = {
 e2e_pool_eager = build_plan_dag(
     "e2e_pool_eager",
     planner=ScriptedPlanner(EAGER_PLAN),
-    execution=NodeExecution(mode="nodes"),
+    execution=NodeExecution(**NODES, mode="nodes"),
     limits=Limits(max_depth=4),
     **COMMON,
 )

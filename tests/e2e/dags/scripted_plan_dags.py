@@ -33,11 +33,9 @@ def independent_plan(count: int = INDEPENDENT_NODES) -> dict[str, Any]:
     return {"goal": "nap in parallel", "nodes": nodes, "edges": []}
 
 
-COMMON: dict[str, Any] = {
-    "retry_delay": timedelta(seconds=1),
-    "max_retry_delay": timedelta(seconds=2),
-    "tags": ["e2e"],
-}
+#: the node tasks' settings every DAG here starts from
+NODES: dict[str, Any] = {"retry_delay": timedelta(seconds=1), "max_retry_delay": timedelta(seconds=2)}
+COMMON: dict[str, Any] = {"tags": ["e2e"]}
 
 # A permanent failure of node 3; the plan comes in the run's conf (no planner), max_replans 0 in the conf.
 e2e_seed_failure = build_plan_dag(
@@ -47,6 +45,7 @@ e2e_seed_failure = build_plan_dag(
         *seed_tools(call_log("e2e_seed_failure"), query_deploys={"permanent": "deploy API says 403"})
     ),
     limits=Limits(max_depth=3),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )
 
@@ -58,6 +57,7 @@ e2e_seed_replan = build_plan_dag(
         *seed_tools(call_log("e2e_seed_replan"), query_deploys={"replan": "no deploys yesterday"})
     ),
     limits=Limits(max_depth=3),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )
 
@@ -69,7 +69,7 @@ e2e_cap_two = build_plan_dag(
         ScriptedTool("nap", log=call_log("e2e_cap_two"), sleep=NAP_SECONDS, returns="rested")
     ),
     limits=Limits(max_depth=1),
-    execution=NodeExecution(max_active_nodes=2),
+    execution=NodeExecution(**NODES, max_active_nodes=2),
     **COMMON,
 )
 
@@ -81,7 +81,7 @@ e2e_pool_three = build_plan_dag(
         ScriptedTool("nap", log=call_log("e2e_pool_three"), sleep=NAP_SECONDS, returns="rested")
     ),
     limits=Limits(max_depth=1),
-    execution=NodeExecution(max_active_nodes=5, pool=POOL),
+    execution=NodeExecution(**NODES, max_active_nodes=5, pool=POOL),
     **COMMON,
 )
 
@@ -103,6 +103,6 @@ e2e_transient = build_plan_dag(
         ScriptedTool("steady", log=call_log("e2e_transient"), returns="done"),
     ),
     limits=Limits(max_depth=2),
-    execution=NodeExecution(retries=2),
+    execution=NodeExecution(**NODES, retries=2),
     **COMMON,
 )
