@@ -5,7 +5,6 @@
     PlanProviderError
     ├── PlanValidationError      a plan broke one or more rules; ``.problems`` lists each one
     ├── PlanningError            a planner produced no usable plan (``.problems`` from the last attempt)
-    ├── BudgetExceeded           max_steps or max_replans is spent
     ├── FreezeError              a session or plan cannot be frozen into a DAG file (why, in its text)
     ├── TriggerEventError        a deferred task resumed with an event its trigger cannot have sent
     └── ToolError                raised by tools, read by the node runner
@@ -69,14 +68,6 @@ class PlanningError(PlanProviderError):
         self.usage = list(usage or [])  # token usage of every planner call made before giving up
         if self.problems:
             message += "\n" + describe(self.problems)
-        super().__init__(message)
-
-
-class BudgetExceeded(PlanProviderError):
-    """A session budget is spent; ``reason`` is ``step_budget`` or ``replan_budget``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
         super().__init__(message)
 
 

@@ -40,7 +40,7 @@ from airflow_plan_provider.plan.approval import (
     request_text,
 )
 from airflow_plan_provider.plan.result import now
-from airflow_plan_provider.plan.session import SessionState, record_approval
+from airflow_plan_provider.plan.session import SessionState, record_approval, record_approval_not_needed
 from airflow_plan_provider.settings import Approver
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
@@ -192,18 +192,17 @@ class PlanApprovalOperator(ApprovalOperator):
         return approval.model_dump(mode="json")
 
 
-def record_approval_outcome(ti: Any, state: SessionState) -> Approval | None:
-    """Add the run's approval answer (if its approval task asked) to ``state``; for finalize.
+def record_answer(ti: Any, state: SessionState) -> tuple[SessionState, Approval | None]:
+    """The session with the run's approval answer recorded (if its approval task asked); for finalize.
 
-    Returns the answer, ``None`` when nothing was asked (no approval task, or approval not needed). A
-    request with no answer (the approval task ended without one) counts as a rejection.
+    Returns the answer too, ``None`` when nothing was asked (no approval task, or approval not needed).
+    A request with no answer (the approval task ended without one) counts as a rejection.
     """
     record = ti.xcom_pull(task_ids=task_id_in(ti, APPROVE_TASK), key=APPROVAL_KEY)
     if not isinstance(record, dict):
-        return None
+        return state, None
     if record.get("status") == "not_needed":
-        state.event("approval.not_needed", approved_earlier=record.get("approved_earlier", []))
-        return None
+        return record_approval_not_needed(state, record.get("approved_earlier", [])), None
     if record.get("status") == "requested":
         record = {
             **record,
@@ -212,5 +211,4 @@ def record_approval_outcome(ti: Any, state: SessionState) -> Approval | None:
             "message": "the approval task ended unanswered",
         }
     approval = Approval.model_validate(record)
-    record_approval(state, approval)
-    return approval
+    return record_approval(state, approval), approval

@@ -4,9 +4,9 @@ Where a node runs is decided in one place, :func:`node_tasks`: the node tasks of
 each one maps, in map-index order. Nodes run in ``layer_k`` (or ``nodes`` in eager mode), except nodes
 whose tool declares an Airflow pool: Airflow gives every instance of a mapped task the task's pool, so
 those run in a lane of their own, ``layer_k__<lane>`` (``nodes__<lane>``), built with that pool. The
-planning task records each pooled node's lane in the session (``SessionState.lanes``); every reader —
+planning task records each pooled node's lane in the run's context (``RunContext.lanes``); every reader —
 the tasks that return a task's node ids to map over, the nodes reading their parents' records, finalize —
-locates nodes through :func:`node_location` / :func:`node_tasks` with that session.
+locates nodes through :func:`node_location` / :func:`node_tasks` with that context.
 
 Inside a task group (:func:`~airflow_plan_provider.dag_factory.plan_task_group`) every task id carries
 the group's prefix (``triage.plan``, ``triage.nodes``). The ids here are the unprefixed ones; every read
@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.plan.result import NodeRecord
+from airflow_plan_provider.plan.session import LockedOutput, RunContext, SessionState
 from airflow_plan_provider.tools.registry import Tool
 
 PLAN_TASK = "plan"
@@ -28,6 +29,7 @@ FINALIZE_TASK = "finalize"
 REPLAN_TASK = "replan"
 PLAN_KEY = "plan"
 SESSION_KEY = "session"
+RUN_CONTEXT_KEY = "run"  # what the node tasks need of the session (a RunContext)
 PLANNING_ERROR_KEY = "planning_error"
 NODE_KEY = "node"
 RESULT_KEY = "return_value"
@@ -92,7 +94,12 @@ def dag_lanes(tools: Iterable[Tool]) -> dict[str, Tool]:
     return dict(sorted(lanes.items()))
 
 
-def node_tasks(plan: ValidatedPlan, state: SessionState) -> dict[str, list[str]]:
+def locked_key(node_id: str) -> str:
+    """The XCom key (of ``plan``) holding a reused node's locked output."""
+    return f"locked__{node_id}"
+
+
+def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     """Node task id → the node ids it maps, in map-index order: where every node of the run runs.
 
     Layered: ``layer_k`` holds layer k's nodes in the default lane, ``layer_k__<lane>`` those in a
@@ -101,13 +108,13 @@ def node_tasks(plan: ValidatedPlan, state: SessionState) -> dict[str, list[str]]
     """
     groups = (
         [(EAGER_TASK, [n for layer in plan.layers for n in layer])]
-        if state.eager
+        if run.eager
         else [(layer_task_id(index), layer) for index, layer in enumerate(plan.layers)]
     )
     tasks: dict[str, list[str]] = {}
     for base, nodes in groups:
         for node in nodes:
-            tasks.setdefault(lane_task_id(base, state.lanes.get(node)), []).append(node)
+            tasks.setdefault(lane_task_id(base, run.lanes.get(node)), []).append(node)
     return tasks
 
 
@@ -121,39 +128,50 @@ def pull_session(ti: Any) -> SessionState:
     return SessionState.model_validate(raw or {})
 
 
-def node_location(plan: ValidatedPlan, state: SessionState, node_id: str) -> tuple[str, int]:
+def pull_run_context(ti: Any) -> RunContext:
+    raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=RUN_CONTEXT_KEY)
+    return RunContext.model_validate(raw or {})
+
+
+def pull_locked(ti: Any, node_id: str) -> LockedOutput:
+    """A reused node's locked output, as the planning task published it."""
+    return LockedOutput.model_validate(
+        ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=locked_key(node_id))
+    )
+
+
+def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:
     """The task id and map index of a node's task instance."""
-    base = EAGER_TASK if state.eager else layer_task_id(plan.layer_of(node_id))
-    task_id = lane_task_id(base, state.lanes.get(node_id))
-    return task_id, node_tasks(plan, state)[task_id].index(node_id)
+    base = EAGER_TASK if run.eager else layer_task_id(plan.layer_of(node_id))
+    task_id = lane_task_id(base, run.lanes.get(node_id))
+    return task_id, node_tasks(plan, run)[task_id].index(node_id)
 
 
-def locations(plan: ValidatedPlan, state: SessionState, node_ids: Iterable[str]) -> dict[str, list[int]]:
+def locations(plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str]) -> dict[str, list[int]]:
     """Task id → map indexes of the given nodes' task instances."""
     found: dict[str, list[int]] = {}
     for node_id in node_ids:
-        task_id, index = node_location(plan, state, node_id)
+        task_id, index = node_location(plan, run, node_id)
         found.setdefault(task_id, []).append(index)
     return found
 
 
-def pull_node_record(
-    ti: Any, plan: ValidatedPlan, state: SessionState, node_id: str
-) -> dict[str, Any] | None:
+def pull_node_record(ti: Any, plan: ValidatedPlan, run: RunContext, node_id: str) -> NodeRecord | None:
     """The record a node pushed (status, output, ...), or None if its task never reported."""
-    task_id, index = node_location(plan, state, node_id)
+    task_id, index = node_location(plan, run, node_id)
     record = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY, map_indexes=index)
-    return record if isinstance(record, dict) else None
+    return NodeRecord.model_validate(record) if isinstance(record, dict) else None
 
 
-def pull_layer_records(ti: Any, plan: ValidatedPlan, state: SessionState) -> dict[str, dict[str, Any]]:
+def pull_layer_records(ti: Any, plan: ValidatedPlan, run: RunContext) -> dict[str, NodeRecord]:
     """Every node record of the run, node id → record: one XCom request per node task."""
-    records: dict[str, dict[str, Any]] = {}
-    for task_id in node_tasks(plan, state):
+    records: dict[str, NodeRecord] = {}
+    for task_id in node_tasks(plan, run):
         values = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY)  # all map indexes
         for value in values if isinstance(values, list) else [values]:
             if isinstance(value, dict) and "node_id" in value:
-                records[value["node_id"]] = value
+                record = NodeRecord.model_validate(value)
+                records[record.node_id] = record
     return records
 
 

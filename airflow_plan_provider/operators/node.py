@@ -18,9 +18,10 @@ from airflow_plan_provider.operators.layout import (
     NODE_KEY,
     group_prefix,
     locations,
+    pull_locked,
     pull_node_record,
     pull_plan,
-    pull_session,
+    pull_run_context,
     task_id_in,
 )
 from airflow_plan_provider.plan.budgets import step_allowed
@@ -28,8 +29,8 @@ from airflow_plan_provider.plan.calls import CallRefused, call_params, idempoten
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, make_event
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
-from airflow_plan_provider.plan.result import Event, now, summarize
-from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.plan.result import Event, NodeRecord, now, summarize
+from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.tools.jobs import callable_path
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.job import ToolJobTrigger
@@ -41,7 +42,7 @@ PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 # what an outcome event tells of the record
-OUTCOME_DETAILS = (
+OUTCOME_DETAILS: tuple[str, ...] = (
     "duration_s",
     "error",
     "output_summary",
@@ -54,7 +55,8 @@ OUTCOME_DETAILS = (
 
 @dataclass
 class NodeRun:
-    """What one node instance knows while it runs: the node, the session, its record and events so far.
+    """What one node instance knows while it runs: the node, the run's context, its record's fields
+    so far (``start``) and its events.
 
     ``started`` (epoch seconds) is set when the tool is called; the outcome's ``duration_s`` counts from
     it (across a deferral too: a job's polling time is part of the node's duration).
@@ -63,8 +65,8 @@ class NodeRun:
     ti: Any
     plan: ValidatedPlan
     node: Node
-    state: SessionState
-    record: dict[str, Any]
+    run_context: RunContext
+    start: dict[str, Any]
     log: Any
     missing: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -72,7 +74,9 @@ class NodeRun:
 
     def event(self, type_: str, /, **data: Any) -> Event:
         """Record and publish one event of this node (log line, metrics, span event)."""
-        source = EventSource(self.ti.dag_id, self.ti.run_id, self.state.root_run_id, self.state.revision)
+        source = EventSource(
+            self.ti.dag_id, self.ti.run_id, self.run_context.root_run_id, self.run_context.revision
+        )
         event = make_event(type_, source, self.node.id, tool=self.node.tool, **data)
         self.events.append(event)
         emit(self.log, event)
@@ -81,30 +85,40 @@ class NodeRun:
     def duration(self) -> float | None:
         return None if self.started is None else round(time.time() - self.started, 3)
 
-    def push(self, status: str, **fields: Any) -> None:
+    def push(self, status: NodeStatus, **fields: Any) -> None:
         """Push the node's record (its outcome) and record the outcome's event."""
-        value = {**self.record, "status": status, "ended_at": now(), "missing_inputs": self.missing, **fields}
-        value["duration_s"] = self.duration()
-        kind = "node.reused" if fields.get("reused") else NODE_OUTCOMES[status]
-        details = {k: value[k] for k in OUTCOME_DETAILS if value.get(k) not in (None, [], False)}
-        if status == "skipped" and "error" in details:
+        record = NodeRecord.model_validate(
+            {
+                **self.start,
+                "status": status,
+                "ended_at": now(),
+                "missing_inputs": self.missing,
+                **fields,
+                "duration_s": self.duration(),
+            }
+        )
+        kind = "node.reused" if record.reused else NODE_OUTCOMES[status]
+        details = {
+            k: getattr(record, k) for k in OUTCOME_DETAILS if getattr(record, k) not in (None, [], False)
+        }
+        if status is NodeStatus.SKIPPED and "error" in details:
             details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
-        if isinstance(value.get("artifact"), dict):
-            details["artifact_uri"] = value["artifact"].get("uri")
+        if record.artifact is not None:
+            details["artifact_uri"] = record.artifact.uri
         self.event(kind, attempt=self.ti.try_number, **details)
-        value["events"] = [event.model_dump(mode="json") for event in self.events]
-        self.ti.xcom_push(key=NODE_KEY, value=value)
+        record.events = list(self.events)
+        self.ti.xcom_push(key=NODE_KEY, value=record.pushed())
 
     def fail(self, reason: str) -> AirflowFailException:
         self.log.error("node %s failed after %s s: %s", self.node.id, self.duration(), reason)
-        self.push("failed", error=reason)
+        self.push(NodeStatus.FAILED, error=reason)
         return AirflowFailException(f"node {self.node.id}: {reason}")
 
     def key(self, node: Node | None = None) -> str:
         """The idempotency key of ``node`` (default: this run's node) in this session (a plan in a task
         group has its own sessions: ``dag:group``, so two groups' nodes never share a key)."""
         node = node or self.node
-        root = self.state.root_run_id or self.ti.run_id
+        root = self.run_context.root_run_id or self.ti.run_id
         group = group_prefix(getattr(self.ti, "task", None)).rstrip(".")
         scope = f"{self.ti.dag_id}:{group}" if group else self.ti.dag_id
         return idempotency_key(scope, root, node.id, node.tool, node.params)
@@ -156,45 +170,45 @@ class PlanNodeOperator(BaseOperator):
         plan = pull_plan(ti)
         if plan is None:
             raise AirflowFailException("no plan was published by the planning task")
-        state = pull_session(ti)
+        run_context = pull_run_context(ti)
         node = plan.node(self.plan_node)
         context[NODE_LABEL] = f"{node.id} · {node.action}"
-        record = {
+        start = {
             "node_id": node.id,
-            "revision": state.revision,
+            "revision": run_context.revision,
             "action": node.action,
             "tool": node.tool,
             "attempts": ti.try_number,
             "started_at": now(),
             "hostname": _hostname(ti),
         }
-        return NodeRun(ti, plan, node, state, record, self.log)
+        return NodeRun(ti, plan, node, run_context, start, self.log)
 
     def execute(self, context: Any) -> None:
         run = self._start(context)
-        ti, plan, node, state = run.ti, run.plan, run.node, run.state
-        if state.eager:  # a parent still running has no record yet: read records once parents finished
-            self._wait_for_parents(ti, plan, state, list(plan.parents[node.id]))
-        parents = {p: pull_node_record(ti, plan, state, p) for p in plan.parents[node.id]}
-        statuses = {p: NodeStatus(r["status"]) if r else NodeStatus.FAILED for p, r in parents.items()}
-        moot = [p for p, r in parents.items() if r and r.get("replan_requested")]
+        ti, plan, node, run_ctx = run.ti, run.plan, run.node, run.run_context
+        if run_ctx.eager:  # a parent still running has no record yet: read records once parents finished
+            self._wait_for_parents(ti, plan, run_ctx, list(plan.parents[node.id]))
+        parents = {p: pull_node_record(ti, plan, run_ctx, p) for p in plan.parents[node.id]}
+        statuses = {p: r.status if r else NodeStatus.FAILED for p, r in parents.items()}
+        moot = [p for p, r in parents.items() if r and r.replan_requested]
         decision = decide(plan, node.id, statuses, moot)
         if decision.action != "run":
             self.log.info("node %s skipped because %s", node.id, decision.reason)
-            run.push("skipped", error=decision.reason)
+            run.push(NodeStatus.SKIPPED, error=decision.reason)
             raise AirflowSkipException(f"node {node.id}: {decision.reason}")
 
-        if node.id in state.locked:
-            locked = state.locked[node.id]
+        if node.id in run_ctx.reused:
+            locked = pull_locked(ti, node.id)
             self.log.info(
                 "node %s reused: it succeeded in an earlier revision; output: %s", node.id, locked.summary
             )
             run.push(
-                "success",
+                NodeStatus.SUCCESS,
                 reused=True,
                 attempts=0,
                 output=locked.output,
-                artifact=locked.artifact.model_dump() if locked.artifact else None,
+                artifact=locked.artifact,
                 output_summary=locked.summary,
             )
             return
@@ -210,21 +224,21 @@ class PlanNodeOperator(BaseOperator):
                 saved.get("output_summary"),
             )
             run.push(
-                "success",
+                NodeStatus.SUCCESS,
                 **{k: saved[k] for k in CHECKPOINT_FIELDS if k in saved},
                 reused=True,
                 checkpoint=True,
             )
             return
 
-        position = state.execution_order.index(node.id)
-        if not step_allowed(state.budgets, state.usage.steps, position):
+        position = run_ctx.execution_order.index(node.id)
+        if not step_allowed(run_ctx.budgets, run_ctx.steps_used, position):
             reason = (
-                f"step budget spent: node {node.id} would be step {state.usage.steps + position + 1} "
-                f"of {state.budgets.max_steps}"
+                f"step budget spent: node {node.id} would be step {run_ctx.steps_used + position + 1} "
+                f"of {run_ctx.budgets.max_steps}"
             )
             self.log.info("node %s skipped because the %s", node.id, reason)
-            run.push("skipped", budget_exhausted=True, error=reason)
+            run.push(NodeStatus.SKIPPED, budget_exhausted=True, error=reason)
             raise AirflowSkipException(reason)
 
         run.missing = list(decision.missing)
@@ -237,7 +251,9 @@ class PlanNodeOperator(BaseOperator):
         else:
             self.log.info("node %s runs: every parent succeeded", node.id)
         outputs = {
-            p: self._parent_output(run, p, r) for p, r in parents.items() if r and r["status"] == "success"
+            p: self._parent_output(run, p, r)
+            for p, r in parents.items()
+            if r and r.status is NodeStatus.SUCCESS
         }
         tool = load_tools(self.tools).get(node.tool)
         if tool is None:
@@ -252,7 +268,7 @@ class PlanNodeOperator(BaseOperator):
             attempt=ti.try_number,
             missing_inputs=tuple(run.missing),
             run_id=ti.run_id,
-            revision=state.revision,
+            revision=run_ctx.revision,
         )
         self._log_params(node.id, params)
         self.log.info(
@@ -261,7 +277,7 @@ class PlanNodeOperator(BaseOperator):
         run.started = time.time()
         run.event("node.started", attempt=ti.try_number, key=key, missing_inputs=run.missing)
         try:
-            with span("plan.node", node_id=node.id, tool=tool.name, revision=state.revision):
+            with span("plan.node", node_id=node.id, tool=tool.name, revision=run_ctx.revision):
                 output = tool.call(params, ctx)
         except ReplanRequested as request:
             self.log.warning("node %s requests a replan: %s", node.id, request.reason)
@@ -274,7 +290,7 @@ class PlanNodeOperator(BaseOperator):
                 error.reason if isinstance(error, TransientToolError) else f"{type(error).__name__}: {error}"
             )
             if ti.try_number > self.retries:
-                run.push("failed", error=reason)
+                run.push(NodeStatus.FAILED, error=reason)
             else:
                 self.log.warning(
                     "node %s: try %s failed after %s s (%s); Airflow retries it",
@@ -297,20 +313,20 @@ class PlanNodeOperator(BaseOperator):
         self.resolved_params = shown
         self.log.info("node %s params: %s", node_id, summarize(shown, PARAMS_LOG_CHARS))
 
-    def _parent_output(self, run: NodeRun, parent_id: str, record: dict[str, Any]) -> Any:
+    def _parent_output(self, run: NodeRun, parent_id: str, record: NodeRecord) -> Any:
         """A succeeded parent's output: the tool's data as pushed, or the output the provider stored for
         that parent (its record's ``artifact``), verified. A stored output that fails verification
         fails this node for good: retrying cannot repair it."""
-        if record.get("artifact") is None:
-            return record.get("output")
+        if record.artifact is None:
+            return record.output
         parent = run.plan.node(parent_id)
         try:
-            return artifacts.load(record["artifact"], key=run.key(parent), base_url=self.artifact_store)
+            return artifacts.load(record.artifact, key=run.key(parent), base_url=self.artifact_store)
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
     def _wait_for_parents(
-        self, ti: Any, plan: ValidatedPlan, state: SessionState, parents: list[str]
+        self, ti: Any, plan: ValidatedPlan, run_ctx: RunContext, parents: list[str]
     ) -> None:
         """Eager mode: defer until every parent's task instance has finished (parents in another lane
         are instances of another task)."""
@@ -318,7 +334,7 @@ class PlanNodeOperator(BaseOperator):
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        tasks = {task_id_in(ti, task): indexes for task, indexes in locations(plan, state, parents).items()}
+        tasks = {task_id_in(ti, task): indexes for task, indexes in locations(plan, run_ctx, parents).items()}
         states = RuntimeTaskInstance.get_task_states(
             dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
         )
@@ -368,7 +384,7 @@ class PlanNodeOperator(BaseOperator):
                 )
             except Exception as error:  # the record below is what counts; a checkpoint only saves work
                 self.log.warning("node %s: could not save its checkpoint (%s)", run.node.id, error)
-        run.push("success", **outcome)
+        run.push(NodeStatus.SUCCESS, **outcome)
 
     def _defer_to_job(self, run: NodeRun, tool: Tool, ctx: ToolContext, handle: Any) -> None:
         timeout = tool.timeout or (self.execution_timeout.total_seconds() if self.execution_timeout else None)
@@ -423,7 +439,7 @@ class PlanNodeOperator(BaseOperator):
         if outcome != "done":
             reason = f"job {outcome}: {event.get('reason', 'no event from the trigger')}"
             self.log.error("node %s failed after %s s: %s", run.node.id, run.duration(), reason)
-            run.push("failed", error=reason, polling=polling)
+            run.push(NodeStatus.FAILED, error=reason, polling=polling)
             raise AirflowFailException(f"node {run.node.id}: {reason}")
         self._succeed(run, run.key(), event.get("result"), polling=polling)
 

@@ -30,20 +30,31 @@ from airflow_plan_provider.operators.layout import (
     PLAN_KEY,
     PLANNING_ERROR_KEY,
     REPLAN_CONF_KEY,
+    RUN_CONTEXT_KEY,
     SESSION_KEY,
     lane_of,
     layer_task_id,
+    locked_key,
     node_tasks,
 )
 from airflow_plan_provider.operators.links import ParentRunLink
-from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.decisions import affected_subgraph
-from airflow_plan_provider.plan.merge import merge_replan, plan_diff
+from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, describe
-from airflow_plan_provider.plan.result import Revision
-from airflow_plan_provider.plan.session import SessionState, statuses_of
+from airflow_plan_provider.plan.session import (
+    PlanSource,
+    SessionState,
+    continue_session,
+    record_plan,
+    record_planning_failure,
+    replan_run_id,
+    run_context,
+    start_session,
+    statuses_of,
+    trigger_node,
+)
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import (
     LockedNode,
@@ -143,11 +154,9 @@ class PlanOperator(BaseOperator):
         try:
             state = self._session(ti, conf, params, run_id)
         except PlanningError as error:
-            # nothing of the rejected session is kept: a fresh state reports the rejection
-            fresh = SessionState(dag_id=ti.dag_id, root_run_id=run_id, run_ids=[run_id], eager=self.eager)
-            self._fail(ti, fresh, error, since=0)
+            # nothing of the rejected session is kept: a fresh session reports the rejection
+            self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id, eager=self.eager), error)
         self.parent_run_id = state.parent_run_id
-        since = len(state.events)  # this run's events start here
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
@@ -158,37 +167,43 @@ class PlanOperator(BaseOperator):
                 dag_plan = self.render_template(self.ready_plan, context)
             except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan
                 message = f"cannot render the DAG's plan: {type(error).__name__}: {error}"
-                self._fail(ti, state, PlanningError(message, reason="invalid_plan"), since)
+                self._fail(ti, state, PlanningError(message, reason="invalid_plan"))
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
-                plan = self._plan(
+                source, outcome = self._plan(
                     state, params, planner_conf, tools, context.get("task_state_store"), dag_plan
                 )
-            state.lanes = self._lanes(plan, tools)
         except PlanningError as error:
-            self._fail(ti, state, error, since)
-
-        state.current_plan = plan.as_plan().to_json_dict()
-        state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
-        state.event(
-            "plan.validated",
-            nodes=plan.node_ids,
-            layers=plan.layers,
-            execute=state.execution_order,
-            reuse=[n for n in plan.node_ids if n in state.locked],
-            source=state.plan_source,
+            self._fail(ti, state, error)
+        try:
+            lanes = self._lanes(outcome.plan, tools)
+        except PlanningError as error:
+            self._fail(ti, state, error, usage=outcome.usage)
+        plan = outcome.plan
+        planned = record_plan(
+            state,
+            plan,
+            source=source,
+            lanes=lanes,
+            usage=outcome.usage,
+            attempts=outcome.attempts,
+            details=_rejected(outcome.rejected),
         )
-        self._publish(state, since)
+        self._publish(state, planned)
         self.log.info(
             "plan revision %s: %s nodes in %s layers %s",
-            state.revision,
+            planned.revision,
             len(plan.nodes),
             len(plan.layers),
             plan.layers,
         )
+        run = run_context(planned)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
-        ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
-        return node_tasks(plan, state).get(EAGER_TASK if self.eager else layer_task_id(0), [])
+        ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
+        ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
+        for node_id in run.reused:
+            ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
+        return node_tasks(plan, run).get(EAGER_TASK if self.eager else layer_task_id(0), [])
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""
@@ -207,9 +222,10 @@ class PlanOperator(BaseOperator):
             lanes[node.id] = lane
         return lanes
 
-    def _fail(self, ti: Any, state: SessionState, error: PlanningError, since: int) -> NoReturn:
+    def _fail(
+        self, ti: Any, state: SessionState, error: PlanningError, usage: Sequence[Mapping[str, int]] = ()
+    ) -> NoReturn:
         """Report a planning failure (log, event, XCom for finalize) with the problems capped, and fail."""
-        _record_usage(state, error.usage)
         shown, more = capped(error.problems)
         for problem in shown:
             self.log.error("plan problem: %s", problem)
@@ -217,41 +233,39 @@ class PlanOperator(BaseOperator):
             self.log.error("plan problem: ... and %s more problem(s)", more)
         text = _error_text(error)
         message = f"{text}\n{describe(error.problems)}" if error.problems else text
-        state.event(
-            "plan.failed",
+        failed = record_planning_failure(
+            state,
             reason=error.reason,
             message=text.splitlines()[0] if text else "",
             problems=[p.to_dict() for p in shown],
             more_problems=more,
+            usage=[*usage, *error.usage],
         )
-        self._publish(state, since)
-        ti.xcom_push(key=SESSION_KEY, value=state.model_dump(mode="json"))
+        self._publish(state, failed)
+        ti.xcom_push(key=SESSION_KEY, value=failed.model_dump(mode="json"))
         ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": message})
         # "from None": the cause's text is the uncapped problem list
         raise AirflowFailException(message) from None
 
-    def _publish(self, state: SessionState, since: int) -> None:
-        """Log (and count) the events this task added to the session (from index ``since``)."""
-        for event in state.events[since:]:
+    def _publish(self, before: SessionState, after: SessionState) -> None:
+        """Log (and count) the events this task added to the session."""
+        for event in after.events[len(before.events) :]:
             emit(self.log, event)
 
     def _session(
         self, ti: Any, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str
     ) -> SessionState:
         if conf.get("session") is not None:
-            state = verified_session(ti, conf, run_id)
-        else:
-            budgets = Budgets(
-                max_steps=int(params.get("max_steps") or self.budgets.max_steps),
-                max_replans=int(params["max_replans"])
-                if params.get("max_replans") is not None
-                else self.budgets.max_replans,
-            )
-            state = SessionState(goal=str(params.get("goal") or ""), root_run_id=run_id, budgets=budgets)
-        state.run_ids.append(run_id)
-        state.dag_id = ti.dag_id
-        state.eager = self.eager
-        return state
+            verified = verified_session(ti, conf, run_id)
+            return continue_session(verified, dag_id=ti.dag_id, run_id=run_id, eager=self.eager)
+        budgets = Budgets(
+            max_steps=int(params.get("max_steps") or self.budgets.max_steps),
+            max_replans=int(params["max_replans"])
+            if params.get("max_replans") is not None
+            else self.budgets.max_replans,
+        )
+        goal = str(params.get("goal") or "")
+        return start_session(goal=goal, budgets=budgets, dag_id=ti.dag_id, run_id=run_id, eager=self.eager)
 
     def _plan(
         self,
@@ -261,61 +275,37 @@ class PlanOperator(BaseOperator):
         tools: ToolRegistry,
         store: Any = None,
         dag_plan: Any = None,
-    ) -> ValidatedPlan:
+    ) -> tuple[PlanSource, PlanningOutcome]:
+        """The run's plan and where it came from: a ready plan (the conf's, or the DAG's own), the
+        planner's first plan, or (a replan run) the planner's replacement merged into the current plan."""
         limits = self.limits
         if state.current_plan is None:
             if params.get("plan"):
-                state.plan_source = "conf"
-                outcome = _ready_plan(params["plan"], tools, limits)
-            elif dag_plan is not None:  # the DAG's own plan (frozen), rendered for this run
-                state.plan_source = "dag"
-                outcome = _ready_plan(dag_plan, tools, limits)
-            else:
-                if self.planner is None:
-                    raise PlanningError("no planner configured and no plan given in the run's conf")
-                request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
-                outcome = self._outcome(
-                    self.planner,
-                    request,
-                    lambda raw: validate_plan(raw, tools, limits),
-                    repair_attempts=self.repair_attempts,
-                    store=store,
-                )
-            _record_usage(state, outcome.usage)  # the calls came first
-            state.event(
-                "plan.created",
-                nodes=len(outcome.plan.nodes),
-                layers=outcome.plan.layers,
-                attempts=outcome.attempts,
-                source=state.plan_source,
-                **_rejected(outcome.rejected),
-            )
-        else:
+                return "conf", _ready_plan(params["plan"], tools, limits)
+            if dag_plan is not None:  # the DAG's own plan (frozen), rendered for this run
+                return "dag", _ready_plan(dag_plan, tools, limits)
             if self.planner is None:
-                raise PlanningError("replanning needs a planner; none is configured", reason="no_plan")
-            current = validate_plan(state.current_plan)
+                raise PlanningError("no planner configured and no plan given in the run's conf")
+            request = PlanRequest(goal=state.goal, tools=tools, limits=limits, conf=dict(planner_conf))
             outcome = self._outcome(
                 self.planner,
-                self._replan_request(state, current, planner_conf, tools),
-                lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
+                request,
+                lambda raw: validate_plan(raw, tools, limits),
                 repair_attempts=self.repair_attempts,
                 store=store,
             )
-            _record_usage(state, outcome.usage)  # the calls came first
-            diff = plan_diff(current, outcome.plan)
-            state.revisions.append(
-                Revision(
-                    revision=state.revision,
-                    run_id=state.run_ids[-1],
-                    reason=state.last_error or "",
-                    trigger_node=_trigger_node(state),
-                    diff=diff,
-                )
-            )
-            state.event(
-                "plan.diff", **diff.model_dump(), attempts=outcome.attempts, **_rejected(outcome.rejected)
-            )
-        return outcome.plan
+            return "planner", outcome
+        if self.planner is None:
+            raise PlanningError("replanning needs a planner; none is configured", reason="no_plan")
+        current = validate_plan(state.current_plan)
+        outcome = self._outcome(
+            self.planner,
+            self._replan_request(state, current, planner_conf, tools),
+            lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
+            repair_attempts=self.repair_attempts,
+            store=store,
+        )
+        return state.plan_source, outcome
 
     def _outcome(
         self,
@@ -403,7 +393,7 @@ class PlanOperator(BaseOperator):
             conf=dict(planner_conf),
             current_plan=Plan.model_validate(state.current_plan),
             locked=locked,
-            failed_node=_trigger_node(state),
+            failed_node=trigger_node(state),
             last_error=state.last_error,
             affected=tuple(sorted(affected)),
             revision=state.revision,
@@ -554,23 +544,3 @@ def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "rejected": [problems[:MAX_REPORTED_PROBLEMS] for problems in rejected],
         "rejected_total": [rejected_problem_count(problems) for problems in rejected],
     }
-
-
-def _record_usage(state: SessionState, calls: list[dict[str, int]]) -> None:
-    """Token usage of each planner call, in the session's usage and as events."""
-    for usage in calls:
-        state.usage.add_tokens(usage)
-        state.event(
-            "planner.usage",
-            prompt_tokens=usage.get("prompt_tokens", 0),
-            completion_tokens=usage.get("completion_tokens", 0),
-        )
-
-
-def _trigger_node(state: SessionState) -> str | None:
-    """The node whose failure (or replan request) started this revision."""
-    nodes = state.failed + state.replan_requested
-    return nodes[0] if nodes else None
-
-
-__all__ = ["PlanOperator", "PlanValidationError", "same_json", "verified_session"]

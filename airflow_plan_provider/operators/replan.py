@@ -1,8 +1,8 @@
 """The replan task: start the next revision as a new run of the same DAG and wait for it, deferred.
 
-Retry-safe: the next revision's run id is fixed (:func:`replan_run_id`), so a try that finds that run
-already there (an earlier try started it, then its worker was lost) waits for it instead of starting it
-again.
+Retry-safe: the next revision's run id is fixed
+(:func:`~airflow_plan_provider.plan.session.replan_run_id`), so a try that finds that run already there
+(an earlier try started it, then its worker was lost) waits for it instead of starting it again.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
+from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.triggers.payloads import validate_dag_state_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-def replan_run_id(root_run_id: str, revision: int) -> str:
-    """Run ids of a session's revisions: the root run's id with the revision, easy to follow in the UI."""
-    return f"{root_run_id}__replan_{revision}"
 
 
 class ReplanOperator(TriggerDagRunOperator):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import RetryDecision, RetryPolicy
 
-from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
+from airflow_plan_provider.exceptions import TransientToolError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -15,14 +15,13 @@ if TYPE_CHECKING:
 
 class ToolRetryPolicy(RetryPolicy):
     """A :class:`TransientToolError` with ``retry_after`` (e.g. HTTP 429 Retry-After) is retried after
-    that delay; a :class:`PermanentToolError` fails at once; anything else falls through to the task's
-    ``retries`` with exponential backoff."""
+    that delay; anything else falls through to the task's ``retries`` with exponential backoff. (A
+    :class:`~airflow_plan_provider.exceptions.PermanentToolError` never reaches the policy: the node
+    operator fails the task at once with ``AirflowFailException``.)"""
 
     def evaluate(
         self, exception: BaseException, try_number: int, max_tries: int, context: Context | None = None
     ) -> RetryDecision:
-        if isinstance(exception, PermanentToolError):
-            return RetryDecision.fail(exception.reason)
         if isinstance(exception, TransientToolError) and exception.retry_after:
             return RetryDecision.retry(
                 delay=timedelta(seconds=exception.retry_after), reason=f"rate limited: {exception.reason}"

@@ -12,7 +12,7 @@ from airflow_plan_provider.operators.layout import (
     approval_lets_nodes_run,
     node_tasks,
     pull_plan,
-    pull_session,
+    pull_run_context,
     task_id_in,
 )
 
@@ -49,4 +49,4 @@ class LayerSelectOperator(BaseOperator):
             ti.xcom_pull(task_ids=task_id_in(ti, self.approval_task_id), key=APPROVAL_KEY)
         ):
             raise AirflowSkipException("the plan was not approved")
-        return node_tasks(plan, pull_session(ti)).get(self.node_task, [])
+        return node_tasks(plan, pull_run_context(ti)).get(self.node_task, [])

@@ -12,10 +12,9 @@ from airflow_plan_provider.plan.model import ValidatedPlan
 
 
 class NodeStatus(StrEnum):
+    """A node's state in one run: pending until its record says how it ended."""
+
     PENDING = "pending"
-    READY = "ready"
-    RUNNING = "running"
-    POLLING = "polling"  # an asynchronous job is running; the node waits on the triggerer
     SUCCESS = "success"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -74,7 +73,3 @@ def affected_subgraph(
     failed, replan_requested = set(failed), set(replan_requested)
     affected = failed | descendants(plan.parents, failed | replan_requested)
     return {node for node in affected if statuses.get(node) is not NodeStatus.SUCCESS}
-
-
-def locked_nodes(statuses: Mapping[str, NodeStatus]) -> set[str]:
-    return {node for node, status in statuses.items() if status is NodeStatus.SUCCESS}

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.result import Event
 
 EVENT_TYPES = (
@@ -46,7 +47,11 @@ EVENT_TYPES = (
     "approval.rejected",
     "approval.not_needed",
 )
-NODE_OUTCOMES = {"success": "node.succeeded", "failed": "node.failed", "skipped": "node.skipped"}
+NODE_OUTCOMES = {
+    NodeStatus.SUCCESS: "node.succeeded",
+    NodeStatus.FAILED: "node.failed",
+    NodeStatus.SKIPPED: "node.skipped",
+}
 
 
 @dataclass(frozen=True)

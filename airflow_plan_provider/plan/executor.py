@@ -9,7 +9,9 @@ a locked node's output, respects the step budget, gets its params from
 ``retries`` times, a :class:`~airflow_plan_provider.exceptions.PermanentToolError` fails the node at
 once, a :class:`~airflow_plan_provider.exceptions.ReplanRequested` keeps the output and makes the
 node's children moot. An asynchronous tool's job is polled in the node's thread. The run ends with
-:func:`~airflow_plan_provider.plan.session.conclude` and a :class:`SessionResult`::
+:func:`~airflow_plan_provider.plan.conclusion.conclude` and a :class:`SessionResult`; the session
+moves through the same transitions as the plan DAG's (:mod:`airflow_plan_provider.plan.session`,
+:mod:`airflow_plan_provider.plan.conclusion`)::
 
     plan = validate_plan(raw, tools)
     result = run_plan(plan, tools, max_workers=4)
@@ -23,12 +25,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from graphlib import TopologicalSorter
-from typing import Any, Literal
+from typing import Any
 
 from airflow_plan_provider.exceptions import (
     PermanentToolError,
@@ -38,12 +40,23 @@ from airflow_plan_provider.exceptions import (
 )
 from airflow_plan_provider.plan.budgets import Budgets, step_allowed
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
+from airflow_plan_provider.plan.conclusion import conclude, fail_session, finish_session, prepare_replan
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
-from airflow_plan_provider.plan.events import NODE_OUTCOMES, in_order, make_event
-from airflow_plan_provider.plan.merge import merge_replan, plan_diff
+from airflow_plan_provider.plan.events import NODE_OUTCOMES, make_event
+from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.result import Event, NodeRecord, Revision, SessionResult, now, summarize
-from airflow_plan_provider.plan.session import Conclusion, SessionState, conclude, lock_successes
+from airflow_plan_provider.plan.problems import capped
+from airflow_plan_provider.plan.result import Event, NodeRecord, SessionResult, now, summarize
+from airflow_plan_provider.plan.session import (
+    PlanSource,
+    SessionState,
+    continue_session,
+    record_node_outcomes,
+    record_plan,
+    record_planning_failure,
+    replan_run_id,
+    start_session,
+)
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import Planner, plan_with_repairs, replan_request
 from airflow_plan_provider.tools.jobs import JobStatus
@@ -63,18 +76,13 @@ OUTCOME_DETAILS = (
 
 
 def local_session(
-    plan: ValidatedPlan, budgets: Budgets | None = None, source: Literal["planner", "conf"] = "conf"
+    plan: ValidatedPlan, budgets: Budgets | None = None, source: PlanSource = "conf"
 ) -> SessionState:
-    """A new session for running ``plan``: ``conf`` for a ready plan (no planner replans it)."""
+    """A new session that has recorded ``plan`` (from ``source``: ``conf`` for a ready plan, which no
+    planner replans)."""
     run_id = f"local__{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}"
-    return SessionState(
-        dag_id=LOCAL_DAG_ID,
-        goal=plan.goal,
-        root_run_id=run_id,
-        run_ids=[run_id],
-        budgets=budgets or Budgets(),
-        plan_source=source,
-    )
+    state = start_session(goal=plan.goal, budgets=budgets, dag_id=LOCAL_DAG_ID, run_id=run_id)
+    return record_plan(state, plan, source=source)
 
 
 def run_plan(
@@ -104,53 +112,65 @@ def run_plan(
         raise ValueError(f"retries must be at least 0, got {retries!r}")
     state = local_session(plan, budgets, "planner" if planner is not None else "conf")
     while True:
-        _record_plan(state, plan)
         runner = _NodeRunner(plan, tools, state, retries, retry_delay)
-        records, outputs = _run_nodes(plan, runner, max_workers)
-        _record_outcomes(state, plan, records, outputs)
+        records = _run_nodes(plan, runner, max_workers)
+        state = record_node_outcomes(state, plan, records)
         conclusion = conclude(plan, records, state)
-        shown = {n: outputs[n] for n in plan.node_ids if n in outputs}
+        shown = {n: r.output for n, r in records.items() if r.status is NodeStatus.SUCCESS}
         if conclusion.kind != "replan" or planner is None:
-            return _finish(state, conclusion, shown)
-        _prepare_replan(state, conclusion, records)
+            return finish_session(state, conclusion, shown)[1]
+        _, following = prepare_replan(state, conclusion, records, shown)
+        run_id = replan_run_id(following.root_run_id, following.revision)
+        state = continue_session(following, dag_id=LOCAL_DAG_ID, run_id=run_id)
         try:
-            plan = _replan(planner, state, plan, tools, limits or Limits(), repair_attempts)
+            outcome = plan_with_repairs(
+                planner,
+                replan_request(state, plan, tools, limits),
+                _replacement_check(plan, state.locked, tools, limits),
+                repair_attempts=repair_attempts,
+            )
         except PlanningError as error:
-            state.event("session.finished", status="failed", reason="replan_failed")
-            return state.result("failed", "replan_failed", str(error))
+            shown_problems, more = capped(error.problems)
+            state = record_planning_failure(
+                state,
+                reason=error.reason,
+                message=(str(error).splitlines() or [""])[0],
+                problems=[p.to_dict() for p in shown_problems],
+                more_problems=more,
+                usage=error.usage,
+            )
+            return fail_session(state, "replan_failed", str(error))[1]
+        plan = outcome.plan
+        state = record_plan(state, plan, usage=outcome.usage, attempts=outcome.attempts)
 
 
-@dataclass
-class _Outcome:
-    record: NodeRecord
-    output: Any = None
+def _replacement_check(
+    current: ValidatedPlan, locked: Iterable[str], tools: ToolRegistry, limits: Limits | None
+) -> Callable[[Any], ValidatedPlan]:
+    """How a planner's replacement subgraph becomes the next revision's plan (or a problem list)."""
+    kept = set(locked)
+    return lambda raw: validate_plan(merge_replan(current, raw, kept)[0], tools, limits)
 
 
-def _run_nodes(
-    plan: ValidatedPlan, runner: _NodeRunner, max_workers: int
-) -> tuple[dict[str, NodeRecord], dict[str, Any]]:
-    """Every node's record, and the outputs of the nodes that succeeded; a node is submitted the moment
-    its last parent's outcome is in."""
+def _run_nodes(plan: ValidatedPlan, runner: _NodeRunner, max_workers: int) -> dict[str, NodeRecord]:
+    """Every node's record (with its output when it succeeded); a node is submitted the moment its last
+    parent's outcome is in."""
     records: dict[str, NodeRecord] = {}
-    outputs: dict[str, Any] = {}
     order = TopologicalSorter(plan.parents)
     order.prepare()
-    running: dict[Future[_Outcome], str] = {}
+    running: dict[Future[NodeRecord], str] = {}
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="plan-node") as pool:
         while order.is_active():
             for node_id in order.get_ready():
                 parents = {p: records[p] for p in plan.parents[node_id]}
-                inputs = {p: outputs[p] for p in parents if p in outputs}
+                inputs = {p: r.output for p, r in parents.items() if r.status is NodeStatus.SUCCESS}
                 running[pool.submit(runner.run, node_id, parents, inputs)] = node_id
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 node_id = running.pop(future)
-                outcome = future.result()
-                records[node_id] = outcome.record
-                if outcome.record.status == NodeStatus.SUCCESS:
-                    outputs[node_id] = outcome.output
+                records[node_id] = future.result()
                 order.done(node_id)
-    return {n: records[n] for n in plan.node_ids}, outputs
+    return {n: records[n] for n in plan.node_ids}
 
 
 @dataclass
@@ -161,19 +181,19 @@ class _NodeRunner:
     retries: int
     retry_delay: float
 
-    def run(self, node_id: str, parents: Mapping[str, NodeRecord], inputs: Mapping[str, Any]) -> _Outcome:
+    def run(self, node_id: str, parents: Mapping[str, NodeRecord], inputs: Mapping[str, Any]) -> NodeRecord:
         """Decide, call the tool and record the outcome of one node (in a pool thread)."""
         node, state = self.plan.node(node_id), self.state
         call = _Call(self, node_id, node.tool)
-        statuses = {p: NodeStatus(r.status) for p, r in parents.items()}
+        statuses = {p: r.status for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r.replan_requested]
         decision = decide(self.plan, node_id, statuses, moot)
         if decision.action != "run":
-            return call.outcome("skipped", error=decision.reason)
+            return call.outcome(NodeStatus.SKIPPED, error=decision.reason)
         if node_id in state.locked:
             locked = state.locked[node_id]
             return call.outcome(
-                "success", locked.output, reused=True, attempts=0, output_summary=locked.summary
+                NodeStatus.SUCCESS, locked.output, reused=True, attempts=0, output_summary=locked.summary
             )
         position = state.execution_order.index(node_id)
         if not step_allowed(state.budgets, state.usage.steps, position):
@@ -181,15 +201,15 @@ class _NodeRunner:
                 f"step budget spent: node {node_id} would be step {state.usage.steps + position + 1} "
                 f"of {state.budgets.max_steps}"
             )
-            return call.outcome("skipped", budget_exhausted=True, error=reason)
+            return call.outcome(NodeStatus.SKIPPED, budget_exhausted=True, error=reason)
         call.missing = list(decision.missing)
         tool = self.tools.get(node.tool)
         if tool is None:
-            return call.outcome("failed", error=f"unknown tool {node.tool!r}")
+            return call.outcome(NodeStatus.FAILED, error=f"unknown tool {node.tool!r}")
         try:
             params = call_params(node, tool, inputs)
         except CallRefused as error:
-            return call.outcome("failed", error=str(error))
+            return call.outcome(NodeStatus.FAILED, error=str(error))
         key = idempotency_key(state.dag_id, state.root_run_id, node_id, node.tool, node.params)
         return call.tries(tool, params, key)
 
@@ -213,7 +233,7 @@ class _Call:
     def duration(self) -> float | None:
         return None if self.started is None else round(time.time() - self.started, 3)
 
-    def tries(self, tool: Tool, params: Any, key: str) -> _Outcome:
+    def tries(self, tool: Tool, params: Any, key: str) -> NodeRecord:
         state = self.runner.state
         while True:
             self.attempt += 1
@@ -234,19 +254,19 @@ class _Call:
             except ReplanRequested as request:
                 return self.succeed(request.output, replan_requested=True, error=request.reason)
             except PermanentToolError as error:
-                return self.outcome("failed", error=error.reason)
+                return self.outcome(NodeStatus.FAILED, error=error.reason)
             except Exception as error:
                 transient = error if isinstance(error, TransientToolError) else None
                 reason = transient.reason if transient else f"{type(error).__name__}: {error}"
                 if self.attempt > self.runner.retries:
-                    return self.outcome("failed", error=reason)
+                    return self.outcome(NodeStatus.FAILED, error=reason)
                 self.event("node.retrying", attempt=self.attempt, duration_s=self.duration(), error=reason)
                 retry_after = transient.retry_after if transient else None
                 time.sleep(retry_after or self.runner.retry_delay)
                 continue
             return self.succeed(output)
 
-    def job(self, tool: Tool, handle: Any) -> _Outcome:
+    def job(self, tool: Tool, handle: Any) -> NodeRecord:
         """Poll an asynchronous tool's job in this thread until it ends or its timeout passes (the plan
         DAG polls it on the triggerer, with the same outcomes)."""
         assert tool.poll is not None
@@ -270,19 +290,17 @@ class _Call:
             time.sleep(tool.poll_interval)
         polling = {**polling, "until": now(), "outcome": outcome}
         if outcome != "done":
-            return self.outcome("failed", error=f"job {outcome}: {reason}", polling=polling)
+            return self.outcome(NodeStatus.FAILED, error=f"job {outcome}: {reason}", polling=polling)
         return self.succeed(status.result, polling=polling)
 
-    def succeed(self, output: Any, **fields: Any) -> _Outcome:
+    def succeed(self, output: Any, **fields: Any) -> NodeRecord:
         try:
             json.dumps(output)
         except (TypeError, ValueError) as error:
-            return self.outcome("failed", error=f"tool output is not JSON-serialisable: {error}")
-        return self.outcome("success", output, output_summary=summarize(output), **fields)
+            return self.outcome(NodeStatus.FAILED, error=f"tool output is not JSON-serialisable: {error}")
+        return self.outcome(NodeStatus.SUCCESS, output, output_summary=summarize(output), **fields)
 
-    def outcome(
-        self, status: Literal["success", "failed", "skipped"], output: Any = None, **fields: Any
-    ) -> _Outcome:
+    def outcome(self, status: NodeStatus, output: Any = None, **fields: Any) -> NodeRecord:
         """The node's record (and its outcome event)."""
         state = self.runner.state
         node = self.runner.plan.node(self.node_id)
@@ -299,93 +317,10 @@ class _Call:
         )
         values = record.model_dump()
         details = {k: values[k] for k in OUTCOME_DETAILS if values.get(k) not in (None, [], False)}
-        if status == "skipped" and "error" in details:
+        if status is NodeStatus.SKIPPED and "error" in details:
             details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
         kind = "node.reused" if record.reused else NODE_OUTCOMES[status]
         self.event(kind, attempt=record.attempts, **details)
         record.events = list(self.events)
-        return _Outcome(record, output if status == "success" else None)
-
-
-def _record_plan(state: SessionState, plan: ValidatedPlan) -> None:
-    state.current_plan = plan.as_plan().to_json_dict()
-    state.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
-    state.event(
-        "plan.validated",
-        nodes=plan.node_ids,
-        layers=plan.layers,
-        execute=state.execution_order,
-        reuse=[n for n in plan.node_ids if n in state.locked],
-        source=state.plan_source,
-    )
-
-
-def _record_outcomes(
-    state: SessionState, plan: ValidatedPlan, records: dict[str, NodeRecord], outputs: dict[str, Any]
-) -> None:
-    executed = [r for r in records.values() if not r.reused and r.status != "skipped"]
-    state.usage.steps += len(executed)
-    state.history.extend(records.values())
-    state.events.extend(in_order(event for record in records.values() for event in record.events))
-    lock_successes(plan, records, outputs, state)
-
-
-def _prepare_replan(state: SessionState, conclusion: Conclusion, records: dict[str, NodeRecord]) -> None:
-    trigger = next(iter(conclusion.failed + conclusion.replan_requested), None)
-    state.event(
-        "replan.requested",
-        trigger,
-        reason=conclusion.reason,
-        message=conclusion.message,
-        failed={n: records[n].error or "" for n in conclusion.failed},
-        replan_requested={n: records[n].error or "" for n in conclusion.replan_requested},
-        next_revision=state.revision + 1,
-    )
-    state.usage.replans += 1
-    state.revision += 1
-    state.run_ids.append(f"{state.root_run_id}__replan_{state.revision}")
-    state.failed, state.replan_requested = conclusion.failed, conclusion.replan_requested
-    state.last_error = conclusion.message
-
-
-def _replan(
-    planner: Planner,
-    state: SessionState,
-    current: ValidatedPlan,
-    tools: ToolRegistry,
-    limits: Limits,
-    repair_attempts: int,
-) -> ValidatedPlan:
-    outcome = plan_with_repairs(
-        planner,
-        replan_request(state, current, tools, limits),
-        lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
-        repair_attempts=repair_attempts,
-    )
-    for usage in outcome.usage:
-        state.usage.add_tokens(usage)
-    diff = plan_diff(current, outcome.plan)
-    trigger = state.failed + state.replan_requested
-    state.revisions.append(
-        Revision(
-            revision=state.revision,
-            run_id=state.run_ids[-1],
-            reason=state.last_error or "",
-            trigger_node=trigger[0] if trigger else None,
-            diff=diff,
-        )
-    )
-    state.event("plan.diff", **diff.model_dump(), attempts=outcome.attempts)
-    return outcome.plan
-
-
-def _finish(state: SessionState, conclusion: Conclusion, final: dict[str, Any]) -> SessionResult:
-    if conclusion.kind == "done":
-        state.event("session.finished", status="completed", reason="goal_met")
-        return state.result("completed", "goal_met", conclusion.message, final)
-    reason: Any = "node_failed" if conclusion.kind == "replan" else conclusion.reason
-    if reason == "step_budget":
-        used, limit = state.usage.steps, state.budgets.max_steps
-        state.event("budget.exhausted", budget="steps", used=used, limit=limit, message=conclusion.message)
-    state.event("session.finished", status="failed", reason=reason)
-    return state.result("failed", reason, conclusion.message, final)
+        record.output = output if status is NodeStatus.SUCCESS else None
+        return record

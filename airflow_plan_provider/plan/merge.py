@@ -21,10 +21,6 @@ class PlanDiff(BaseModel):
     added: list[str] = Field(default_factory=list)
     revised: list[str] = Field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not (self.removed or self.added or self.revised)
-
 
 def _same_call(a: Node, b: Node) -> bool:
     return a.tool == b.tool and a.params == b.params

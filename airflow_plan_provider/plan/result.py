@@ -6,10 +6,11 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Usage
+from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.merge import PlanDiff
 
 SUMMARY_CHARS = 400
@@ -67,17 +68,20 @@ class ArtifactRef(BaseModel):
 
 
 class NodeRecord(BaseModel):
-    """The outcome of one node in one revision.
+    """The outcome of one node in one revision: what its task pushes (XCom ``node``), and what the
+    session's history keeps of it.
 
-    ``artifact`` is set when the output was too large for XCom and the provider stored it (the record's
-    ``output`` is then empty); ``hostname`` names the worker that ran the node's task.
+    ``artifact`` is set when the output was too large for XCom and the provider stored it (``output`` is
+    then empty); ``hostname`` names the worker that ran the node's task. ``output``, ``events``,
+    ``checkpoint`` and the timestamps travel with the pushed record (:meth:`pushed`) but are not kept
+    in the history.
     """
 
     node_id: str
     revision: int = 0
     action: str = ""
     tool: str = ""
-    status: Literal["success", "failed", "skipped"]
+    status: NodeStatus
     reused: bool = False
     attempts: int = 0
     missing_inputs: list[str] = Field(default_factory=list)
@@ -89,8 +93,37 @@ class NodeRecord(BaseModel):
     artifact: ArtifactRef | None = None
     hostname: str | None = None
     duration_s: float | None = None  # of the try that counted: the tool call (and its job), in seconds
+    # the tool's data (a succeeded node whose output was not stored as an artifact)
+    output: Any = Field(default=None, exclude=True)
+    checkpoint: bool = Field(default=False, exclude=True)  # reused from this revision's checkpoint
+    started_at: str | None = Field(default=None, exclude=True)
+    ended_at: str | None = Field(default=None, exclude=True)
     # the node task's events of this try, in order; carried to the session's events, not to the history
     events: list[Event] = Field(default_factory=list, exclude=True)
+
+    @field_validator("status")
+    @classmethod
+    def _finished(cls, status: NodeStatus) -> NodeStatus:
+        if not status.finished:
+            raise ValueError(f"a node record's status is success, failed or skipped, not {status.value!r}")
+        return status
+
+    def pushed(self) -> dict[str, Any]:
+        """The record as its node task pushes it: every field, as JSON values."""
+        return {
+            **self.model_dump(mode="json"),
+            "output": self.output,
+            "checkpoint": self.checkpoint,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "events": [event.model_dump(mode="json") for event in self.events],
+        }
+
+    def in_history(self) -> NodeRecord:
+        """The record as the session's history keeps it (no output, no events)."""
+        return self.model_copy(
+            update={"output": None, "events": [], "checkpoint": False, "started_at": None, "ended_at": None}
+        )
 
 
 class Revision(BaseModel):

@@ -1,13 +1,25 @@
-"""A plan session across revisions: the state each run carries, and the decision at the end of a run.
+"""A plan session across revisions: the state each run carries, and the transitions that change it.
 
 One goal may take several runs of the plan DAG: revision 0 plans and executes; each replan starts a new
 run (revision n+1) whose conf carries a :class:`SessionState` with the locked nodes' outputs, the history
-and the budgets used so far.
+and the budgets used so far. The session is a state machine; each transition is a function of typed
+values that returns the new state (its input is left unchanged)::
+
+    start_session / continue_session   a run begins (a new goal, or a verified replan session)
+      -> record_plan                   the validated plan, its execution order, revision and events
+         (or record_planning_failure)
+      -> record_approval(_not_needed)  the answer to the plan's approval request, if one was asked
+      -> record_node_outcomes          the nodes' records: history, steps, events, locked outputs
+      -> conclusion.conclude           done / replan / give up, within the budgets
+      -> conclusion.finish_session     the SessionResult (completed or failed)
+         or conclusion.prepare_replan  this run's result (replanned) and the next revision's session
+
+What a node task needs of the session is the small :class:`RunContext` (:func:`run_context`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -15,8 +27,9 @@ from pydantic import BaseModel, Field
 from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.budgets import Budgets, Usage
 from airflow_plan_provider.plan.decisions import NodeStatus
-from airflow_plan_provider.plan.events import EventSource, make_event
-from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, in_order, make_event
+from airflow_plan_provider.plan.merge import plan_diff
+from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.result import (
     ArtifactRef,
     Event,
@@ -27,6 +40,11 @@ from airflow_plan_provider.plan.result import (
     SessionResult,
     summarize,
 )
+
+# "conf": a ready plan given in the run's conf, run as given and never replanned (no planner wrote it);
+# "dag": the plan built into the DAG (a frozen plan), never replanned either; "planner": written by the
+# DAG's planner
+PlanSource = Literal["planner", "conf", "dag"]
 
 
 class LockedOutput(BaseModel):
@@ -46,6 +64,12 @@ class LockedOutput(BaseModel):
 
 
 class SessionState(BaseModel):
+    """The session so far, as one run carries it (XCom ``session`` of ``plan``, and a replan run's conf).
+
+    Changed only by the transitions of this module and :mod:`~airflow_plan_provider.plan.conclusion`,
+    each of which returns a new state and leaves its input as it was.
+    """
+
     dag_id: str = ""
     goal: str = ""
     root_run_id: str = ""
@@ -64,7 +88,7 @@ class SessionState(BaseModel):
     # "conf": a ready plan given in the run's conf, run as given and never replanned (no planner wrote
     # it); "dag": the plan built into the DAG (a frozen plan), never replanned either; "planner": written
     # by the DAG's planner
-    plan_source: Literal["planner", "conf", "dag"] = "planner"
+    plan_source: PlanSource = "planner"
     eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     # node id -> the lane (a pool's node tasks) it runs in; a node absent here runs in the default lane
     lanes: dict[str, str] = Field(default_factory=dict)
@@ -79,12 +103,6 @@ class SessionState(BaseModel):
         """The identifiers of this run's events (the run is the last one in ``run_ids``)."""
         run_id = self.run_ids[-1] if self.run_ids else self.root_run_id
         return EventSource(self.dag_id, run_id, self.root_run_id, self.revision)
-
-    def event(self, type_: str, node_id: str | None = None, /, **data: Any) -> Event:
-        """Build an event of this run and add it to the session's events."""
-        event = make_event(type_, self.source, node_id, **data)
-        self.events.append(event)
-        return event
 
     def result(
         self,
@@ -111,116 +129,140 @@ class SessionState(BaseModel):
         )
 
 
-class Conclusion(BaseModel):
-    """How a run ends: the goal is met, a replan is due, or the session gives up."""
+class RunContext(BaseModel):
+    """What a node task needs of the session (XCom ``run`` of ``plan``): a few identifiers, where the
+    run's nodes are, the step budget, and which nodes are reused. A reused node's locked output is
+    published on its own (one XCom per locked node), so no node reads the whole session.
+    """
 
-    kind: Literal["done", "replan", "give_up"]
-    reason: str  # a SessionResult reason when giving up; what prompted the replan otherwise
-    message: str = ""
-    failed: list[str] = Field(default_factory=list)
-    replan_requested: list[str] = Field(default_factory=list)
+    root_run_id: str = ""
+    revision: int = 0
+    eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
+    lanes: dict[str, str] = Field(default_factory=dict)  # node id -> lane (absent: the default lane)
+    execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
+    budgets: Budgets = Field(default_factory=Budgets)
+    steps_used: int = 0  # node executions of the earlier revisions
+    reused: list[str] = Field(default_factory=list)  # locked nodes of this plan
 
 
-def statuses_of(records: Mapping[str, NodeRecord]) -> dict[str, NodeStatus]:
-    return {node_id: NodeStatus(record.status) for node_id, record in records.items()}
+def replan_run_id(root_run_id: str, revision: int) -> str:
+    """Run ids of a session's revisions: the root run's id with the revision, easy to follow in the UI."""
+    return f"{root_run_id}__replan_{revision}"
 
 
-def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: SessionState) -> Conclusion:
-    """Decide the end of a run from its node records and the session's budgets."""
-    failed = [n for n in plan.node_ids if n in records and records[n].status == "failed"]
-    contained = contained_failures(plan, records, failed)
-    failed = [n for n in failed if n not in contained]
-    moot = [n for n in plan.node_ids if n in records and records[n].replan_requested]
-    starved = [n for n in plan.node_ids if n in records and records[n].budget_exhausted]
-    budgets, usage = state.budgets, state.usage
-    if starved:
-        return Conclusion(
-            kind="give_up",
-            reason="step_budget",
-            message=f"step budget of {budgets.max_steps} spent; not executed: {', '.join(starved)}",
-            failed=failed,
+def replan_conf(state: SessionState) -> dict[str, Any]:
+    """The conf of the run that plans and executes ``state`` (a session :func:`prepare_replan` made)."""
+    return {"goal": state.goal, "session": state.model_dump(mode="json")}
+
+
+def start_session(
+    *, goal: str, budgets: Budgets | None = None, dag_id: str = "", run_id: str, eager: bool = False
+) -> SessionState:
+    """A new session for ``goal``, begun by run ``run_id`` (its root run)."""
+    return SessionState(
+        dag_id=dag_id,
+        goal=goal,
+        root_run_id=run_id,
+        run_ids=[run_id],
+        budgets=budgets or Budgets(),
+        eager=eager,
+    )
+
+
+def continue_session(
+    state: SessionState, *, dag_id: str = "", run_id: str, eager: bool = False
+) -> SessionState:
+    """A replan session (prepared by :func:`~airflow_plan_provider.plan.conclusion.prepare_replan`, and
+    verified by the caller to be one) as run ``run_id`` begins it."""
+    return state.model_copy(
+        deep=True, update={"run_ids": [*state.run_ids, run_id], "dag_id": dag_id, "eager": eager}
+    )
+
+
+def record_plan(
+    state: SessionState,
+    plan: ValidatedPlan,
+    *,
+    source: PlanSource = "planner",
+    lanes: Mapping[str, str] | None = None,
+    usage: Sequence[Mapping[str, int]] = (),
+    attempts: int = 1,
+    details: Mapping[str, Any] | None = None,
+) -> SessionState:
+    """The run's validated plan: the planner calls' token usage, then ``plan.created`` (the first plan,
+    from ``source``) or the revision with its diff (``plan.diff``, a replan), then the execution order
+    (locked nodes are reused, not executed) and ``plan.validated``. ``lanes``: node id -> pool lane;
+    ``details``: more data for the ``plan.created`` / ``plan.diff`` event (e.g. rejected attempts)."""
+    new = _record_usage(state.model_copy(deep=True), usage)
+    details = dict(details or {})
+    if state.current_plan is None:
+        new.plan_source = source
+        _add(
+            new,
+            "plan.created",
+            nodes=len(plan.nodes),
+            layers=plan.layers,
+            attempts=attempts,
+            source=source,
+            **details,
         )
-    cannot_replan = state.plan_source != "planner" or budgets.max_replans == 0
-    if cannot_replan and not failed and moot and not any(_children(plan)[n] for n in moot):
-        # No replan can answer (as for a frozen plan), and no node depends on the requesting nodes, so
-        # nothing was skipped for them: the run concludes on the rest.
-        return Conclusion(
-            kind="done",
-            reason="goal_met",
-            message="the plan ran to its end; no replan can answer these requests, and no node depends "
-            "on them: " + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot),
-            replan_requested=moot,
-        )
-    if not failed and not moot:
-        if contained:
-            return Conclusion(
-                kind="done",
-                reason="goal_met",
-                message=f"completed without the output of failed optional input(s) {', '.join(contained)}",
+    else:
+        diff = plan_diff(Plan.model_validate(state.current_plan), plan)
+        new.revisions.append(
+            Revision(
+                revision=state.revision,
+                run_id=state.source.run_id,
+                reason=state.last_error or "",
+                trigger_node=trigger_node(state),
+                diff=diff,
             )
-        return Conclusion(kind="done", reason="goal_met", message="every node succeeded")
-    what = "; ".join(
-        [f"node {n} failed: {records[n].error}" for n in failed]
-        + [f"node {n} requested a replan: {records[n].error}" for n in moot]
+        )
+        _add(new, "plan.diff", **diff.model_dump(), attempts=attempts, **details)
+    new.current_plan = plan.as_plan().to_json_dict()
+    new.lanes = dict(lanes or {})
+    new.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
+    _add(
+        new,
+        "plan.validated",
+        nodes=plan.node_ids,
+        layers=plan.layers,
+        execute=new.execution_order,
+        reuse=[n for n in plan.node_ids if n in state.locked],
+        source=new.plan_source,
     )
+    return new
 
-    def give_up(reason: str, message: str) -> Conclusion:
-        return Conclusion(
-            kind="give_up", reason=reason, message=message, failed=failed, replan_requested=moot
-        )
 
-    if state.plan_source == "conf":
-        return give_up(
-            "node_failed" if failed else "replan_unavailable",
-            f"{what}; the plan is the ready plan given in the run's conf, and no planner can replan a "
-            "ready plan (trigger a new run with a corrected plan, or with a goal for the planner)",
-        )
-    if state.plan_source == "dag":
-        return give_up(
-            "node_failed" if failed else "replan_unavailable",
-            f"{what}; the plan is the one built into this DAG (a frozen plan), which is never replanned",
-        )
-    if budgets.max_replans == 0:
-        return give_up("node_failed" if failed else "replan_budget", what)
-    if usage.replans >= budgets.max_replans:
-        return give_up("replan_budget", f"{usage.replans} replan(s) used of {budgets.max_replans}; {what}")
-    if usage.steps >= budgets.max_steps:
-        return give_up("step_budget", f"step budget of {budgets.max_steps} spent; {what}")
-    return Conclusion(
-        kind="replan",
-        reason="node_failed" if failed else "replan_requested",
-        message=what,
-        failed=failed,
-        replan_requested=moot,
+def record_planning_failure(
+    state: SessionState,
+    *,
+    reason: str,
+    message: str,
+    problems: Sequence[Mapping[str, Any]] = (),
+    more_problems: int = 0,
+    usage: Sequence[Mapping[str, int]] = (),
+) -> SessionState:
+    """No plan this run: the failed planner calls' token usage, and ``plan.failed`` (why, the first
+    problems and how many more)."""
+    new = _record_usage(state.model_copy(deep=True), usage)
+    _add(
+        new,
+        "plan.failed",
+        reason=reason,
+        message=message,
+        problems=[dict(p) for p in problems],
+        more_problems=more_problems,
     )
+    return new
 
 
-def contained_failures(
-    plan: ValidatedPlan, records: Mapping[str, NodeRecord], failed: list[str]
-) -> list[str]:
-    """Failed nodes whose children all succeeded without them (through optional edges): the plan went on,
-    so they need no replan. A failed leaf is never contained."""
-    children = _children(plan)
-    return [
-        n
-        for n in failed
-        if children[n] and all(c in records and records[c].status == "success" for c in children[n])
-    ]
-
-
-def _children(plan: ValidatedPlan) -> dict[str, list[str]]:
-    children: dict[str, list[str]] = {n: [] for n in plan.node_ids}
-    for child, parents in plan.parents.items():
-        for parent in parents:
-            children[parent].append(child)
-    return children
-
-
-def record_approval(state: SessionState, approval: Approval) -> None:
-    """Add an answer to an approval request to the session, with its event (``approval.granted`` or
-    ``approval.rejected``: who could answer, who did and when, which nodes)."""
-    state.approvals.append(approval)
-    state.event(
+def record_approval(state: SessionState, approval: Approval) -> SessionState:
+    """An answer to an approval request, with its event (``approval.granted`` or ``approval.rejected``:
+    who could answer, who did and when, which nodes)."""
+    new = state.model_copy(deep=True)
+    new.approvals.append(approval)
+    _add(
+        new,
         f"approval.{approval.status}",
         nodes=approval.nodes,
         approvers=approval.approvers,
@@ -230,18 +272,37 @@ def record_approval(state: SessionState, approval: Approval) -> None:
         timed_out=approval.timed_out,
         message=approval.message,
     )
+    return new
 
 
-def lock_successes(
-    plan: ValidatedPlan, records: Mapping[str, NodeRecord], outputs: Mapping[str, Any], state: SessionState
-) -> None:
-    """Add this run's succeeded nodes to the locked set, with their outputs (``outputs``: the tools' data)
-    or the references to the outputs the provider stored (the records' ``artifact``)."""
-    for node in plan.nodes:
-        record = records.get(node.id)
-        if record is not None and record.status == "success" and node.id not in state.locked:
-            output = None if record.artifact is not None else outputs.get(node.id)
-            state.locked[node.id] = LockedOutput(
+def record_approval_not_needed(state: SessionState, approved_earlier: Iterable[str] = ()) -> SessionState:
+    """The approval task asked nothing (``approval.not_needed``; risky nodes approved earlier named)."""
+    new = state.model_copy(deep=True)
+    _add(new, "approval.not_needed", approved_earlier=list(approved_earlier))
+    return new
+
+
+def record_node_outcomes(
+    state: SessionState, plan: ValidatedPlan, records: Mapping[str, NodeRecord]
+) -> SessionState:
+    """The run's node records: executed nodes count as steps, the records join the history, their
+    events join the session's (the events each node task recorded, in order, then an outcome event for
+    each node whose task recorded none), and the succeeded nodes are locked with their outputs."""
+    new = state.model_copy(deep=True)
+    ordered = [records[n] for n in plan.node_ids if n in records]
+    new.usage.steps += sum(1 for r in ordered if not r.reused and r.status is not NodeStatus.SKIPPED)
+    new.history.extend(record.in_history() for record in ordered)
+    new.events.extend(in_order(event for record in ordered for event in record.events))
+    for record in ordered:
+        if not record.events:
+            kind = "node.reused" if record.reused else NODE_OUTCOMES[record.status]
+            data = {"tool": record.tool, "attempt": record.attempts, "error": record.error}
+            new.events.append(make_event(kind, new.source, record.node_id, **data))
+    for record in ordered:
+        if record.status is NodeStatus.SUCCESS and record.node_id not in new.locked:
+            node = plan.node(record.node_id)
+            output = None if record.artifact is not None else record.output
+            new.locked[node.id] = LockedOutput(
                 action=node.action,
                 tool=node.tool,
                 params=node.params,
@@ -249,3 +310,49 @@ def lock_successes(
                 artifact=record.artifact,
                 summary=record.output_summary or summarize(output),
             )
+    return new
+
+
+def run_context(state: SessionState) -> RunContext:
+    """What the run's node tasks need of a session that has recorded its plan."""
+    plan_nodes = {n["id"] for n in (state.current_plan or {}).get("nodes", [])}
+    return RunContext(
+        root_run_id=state.root_run_id,
+        revision=state.revision,
+        eager=state.eager,
+        lanes=state.lanes,
+        execution_order=state.execution_order,
+        budgets=state.budgets,
+        steps_used=state.usage.steps,
+        reused=[n for n in state.locked if n in plan_nodes],
+    )
+
+
+def statuses_of(records: Mapping[str, NodeRecord]) -> dict[str, NodeStatus]:
+    return {node_id: record.status for node_id, record in records.items()}
+
+
+def trigger_node(state: SessionState) -> str | None:
+    """The node whose failure (or replan request) started this revision."""
+    nodes = state.failed + state.replan_requested
+    return nodes[0] if nodes else None
+
+
+def _record_usage(state: SessionState, calls: Sequence[Mapping[str, int]]) -> SessionState:
+    """Token usage of each planner call, in the session's usage and as events (changes ``state``)."""
+    for usage in calls:
+        state.usage.add_tokens(dict(usage))
+        _add(
+            state,
+            "planner.usage",
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+        )
+    return state
+
+
+def _add(state: SessionState, type_: str, node_id: str | None = None, /, **data: Any) -> Event:
+    """Add an event of this run to ``state`` (changes ``state``: for the transitions' own copies)."""
+    event = make_event(type_, state.source, node_id, **data)
+    state.events.append(event)
+    return event

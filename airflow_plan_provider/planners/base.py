@@ -16,7 +16,7 @@ from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
 from airflow_plan_provider.plan.decisions import affected_subgraph
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem, capped
-from airflow_plan_provider.plan.session import SessionState, statuses_of
+from airflow_plan_provider.plan.session import SessionState, statuses_of, trigger_node
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.tools.registry import ToolRegistry
 
@@ -93,7 +93,6 @@ def replan_request(
     locked = tuple(
         LockedNode(id=n, action=lo.action, tool=lo.tool, summary=lo.summary) for n, lo in state.locked.items()
     )
-    trigger = state.failed + state.replan_requested
     return PlanRequest(
         goal=state.goal,
         tools=tools,
@@ -101,7 +100,7 @@ def replan_request(
         conf=dict(conf or {}),
         current_plan=current.as_plan(),
         locked=locked,
-        failed_node=trigger[0] if trigger else None,
+        failed_node=trigger_node(state),
         last_error=state.last_error,
         affected=tuple(sorted(affected)),
         revision=state.revision,

@@ -264,4 +264,3 @@ class TemplatePlanner:
                 f"for {names}; pass it in the run's conf or the rule's defaults"
             )
         return filled
-

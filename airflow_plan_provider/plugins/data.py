@@ -35,11 +35,11 @@ from airflow_plan_provider.operators.layout import (
     SESSION_KEY,
     node_location,
 )
-from airflow_plan_provider.operators.replan import replan_run_id
+from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
-from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.plan.session import RunContext, replan_run_id
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (
@@ -266,11 +266,11 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     outputs = {
         node_id: record.get("output")
         for node_id, record in records.items()
-        if record.get("status") == "success" and record.get("artifact") is None
+        if record.get("status") == NodeStatus.SUCCESS and record.get("artifact") is None
     }
     marks = _diff_marks(diff)
     lanes = session.get("lanes")
-    layout = SessionState(  # where the run's nodes are: eager or layered, and each pooled node's lane
+    layout = RunContext(  # where the run's nodes are: eager or layered, and each pooled node's lane
         eager=bool(session.get("eager")),
         lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
     )

@@ -21,9 +21,11 @@ from airflow_plan_provider.plan.approval import (
     nodes_to_approve,
     request_text,
 )
+from airflow_plan_provider.plan.conclusion import conclude
+from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.result import NodeRecord
-from airflow_plan_provider.plan.session import SessionState, conclude, record_approval
+from airflow_plan_provider.plan.session import SessionState, record_approval
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolRegistry
@@ -156,7 +158,7 @@ def test_an_answer_is_kept_in_the_session_result_and_events() -> None:
     approval = Approval(
         status="rejected", nodes=["2"], approvers=["alice"], responded_by="alice", message="rejected by alice"
     )
-    record_approval(state, approval)
+    state = record_approval(state, approval)
     result = state.result("failed", "rejected", "the plan was not approved: rejected by alice")
     assert result.approvals == [approval] and result.reason == "rejected"
     [event] = result.events
@@ -171,7 +173,7 @@ def test_an_answer_is_kept_in_the_session_result_and_events() -> None:
 
 
 def record(node_id: str, **fields: Any) -> NodeRecord:
-    return NodeRecord(node_id=node_id, status="success", **fields)
+    return NodeRecord(node_id=node_id, status=NodeStatus.SUCCESS, **fields)
 
 
 def test_a_request_no_node_depends_on_does_not_fail_a_session_that_cannot_replan() -> None:
@@ -189,7 +191,7 @@ def test_a_request_no_node_depends_on_does_not_fail_a_session_that_cannot_replan
     assert conclude(plan, records, SessionState()).kind == "replan"
     # a request that made a dependant moot still ends the session when it cannot replan
     moot = {"1": record("1", replan_requested=True, error="moot"), "3": record("3")}
-    moot["5"] = NodeRecord(node_id="5", status="skipped")
+    moot["5"] = NodeRecord(node_id="5", status=NodeStatus.SKIPPED)
     assert conclude(plan, moot, off).kind == "give_up"
     # the plan built into a DAG (frozen) is never replanned, whatever the budget says
     frozen = SessionState(plan_source="dag")

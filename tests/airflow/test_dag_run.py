@@ -104,11 +104,10 @@ def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
 def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
     from airflow.sdk import RetryAction
 
-    from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
+    from airflow_plan_provider.exceptions import TransientToolError
     from airflow_plan_provider.operators.retry import ToolRetryPolicy
 
     policy = ToolRetryPolicy()
     limited = policy.evaluate(TransientToolError("429 Too Many Requests", retry_after=42), 1, 3)
     assert limited.action is RetryAction.RETRY and limited.retry_delay == timedelta(seconds=42)
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
-    assert policy.evaluate(PermanentToolError("403"), 1, 3).action is RetryAction.FAIL

@@ -202,11 +202,15 @@ def test_spans_only_when_airflow_tracing_is_on(tmp_path, monkeypatch):
 
 
 def test_a_node_that_never_reported_gets_its_outcome_event_from_finalize():
-    from airflow_plan_provider.operators.finalize import NO_REPORT, node_events
+    from airflow_plan_provider.operators.finalize import NO_REPORT
     from airflow_plan_provider.plan.events import EventSource, make_event
     from airflow_plan_provider.plan.result import NodeRecord
-    from airflow_plan_provider.plan.session import SessionState
+    from airflow_plan_provider.plan.session import SessionState, record_node_outcomes
+    from airflow_plan_provider.plan.validate import validate_plan
 
+    plan = validate_plan(
+        {"nodes": [{"id": "1", "action": "a", "tool": "a"}, {"id": "2", "action": "b", "tool": "b"}]}
+    )
     state = SessionState(dag_id="d", root_run_id="r", run_ids=["r"])
     source = EventSource("d", "r", "r", 0)
     started = make_event("node.started", source, "1", tool="a")
@@ -215,10 +219,11 @@ def test_a_node_that_never_reported_gets_its_outcome_event_from_finalize():
         "1": NodeRecord(node_id="1", tool="a", status="success", events=[started, succeeded]),
         "2": NodeRecord(node_id="2", tool="b", status="failed", error=NO_REPORT),
     }
-    reported, unreported = node_events(records, state)
-    assert [(e.type, e.node_id) for e in reported] == [("node.started", "1"), ("node.succeeded", "1")]
-    assert [(e.type, e.node_id, e.run_id, e.data["error"]) for e in unreported] == [
-        ("node.failed", "2", "r", NO_REPORT)
+    recorded = record_node_outcomes(state, plan, records)
+    assert [(e.type, e.node_id, e.run_id, e.data.get("error")) for e in recorded.events] == [
+        ("node.started", "1", "r", None),
+        ("node.succeeded", "1", "r", None),
+        ("node.failed", "2", "r", NO_REPORT),
     ]
-    assert state.events == []  # finalize adds them to the session, once
+    assert state.events == []  # the transition returns a new session
     assert "events" not in records["1"].model_dump()  # the history does not repeat them

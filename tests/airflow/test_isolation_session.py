@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
-from airflow_plan_provider.operators.replan import replan_run_id
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
+from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from tests.airflow.support import run_chain, run_dag, run_xcoms, task_states, xcom
 

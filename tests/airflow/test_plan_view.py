@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
-from airflow_plan_provider.operators.replan import replan_run_id
+from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.result import Revision
-from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.plan.session import SessionState, replan_run_id
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.plugins.data import RunData, plan_view, session_chain
 from airflow_plan_provider.testing import CallLog, scripted_registry
@@ -146,16 +146,21 @@ def two_revisions() -> dict[str, RunData]:
             {"id": "c", "action": "new step", "tool": "new", "params": {"x": "${a.n}"}},
         ],
     }
+    first, second = EventSource("d", "r", "r", 0), EventSource("d", "r__replan_1", "r", 1)
     root = SessionState(goal="g", root_run_id="r", run_ids=["r"])
-    root.event("planner.usage", prompt_tokens=100, completion_tokens=20)
-    root.event("plan.created", attempts=1)
+    root.events = [
+        make_event("planner.usage", first, prompt_tokens=100, completion_tokens=20),
+        make_event("plan.created", first, attempts=1),
+    ]
     child = SessionState(
         goal="g", root_run_id="r", parent_run_id="r", run_ids=["r", "r__replan_1"], revision=1
     )
-    child.events = list(root.events)
-    child.event("planner.usage", prompt_tokens=300, completion_tokens=50)
-    child.event("planner.usage", prompt_tokens=310, completion_tokens=40)
-    child.event("plan.diff", attempts=2)
+    child.events = [
+        *root.events,
+        make_event("planner.usage", second, prompt_tokens=300, completion_tokens=50),
+        make_event("planner.usage", second, prompt_tokens=310, completion_tokens=40),
+        make_event("plan.diff", second, attempts=2),
+    ]
     child.revisions.append(
         Revision.model_validate(
             {

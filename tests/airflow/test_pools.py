@@ -13,7 +13,7 @@ import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations, node_location, node_tasks
-from airflow_plan_provider.plan.session import SessionState
+from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import Tool
@@ -127,9 +127,9 @@ def outcome(run: Any) -> tuple[str, str, dict[str, Any], dict[str, str]]:
 # ---------------------------------------------------------------------------------------------- pure
 
 
-def session(plan: Any, eager: bool = False) -> SessionState:
+def session(plan: Any, eager: bool = False) -> RunContext:
     lanes = {"a": API, "c": API, "f": API, "d": HEAVY_LANE}
-    return SessionState(eager=eager, lanes={n: lane for n, lane in lanes.items() if n in plan.node_ids})
+    return RunContext(eager=eager, lanes={n: lane for n, lane in lanes.items() if n in plan.node_ids})
 
 
 def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it_there() -> None:
@@ -153,12 +153,12 @@ def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it
     }
     assert node_location(plan, eager, "f") == (f"nodes__{API}", 2)
     # without lanes, locations are what they always were: index in the layer, or in layer order (eager)
-    assert node_tasks(plan, SessionState()) == {
+    assert node_tasks(plan, RunContext()) == {
         "layer_0": ["a", "b", "c", "d"],
         "layer_1": ["e", "f"],
         "layer_2": ["g"],
     }
-    assert node_location(plan, SessionState(eager=True), "f") == ("nodes", 5)
+    assert node_location(plan, RunContext(eager=True), "f") == ("nodes", 5)
 
 
 def test_lanes_come_from_each_tools_pool_and_slots(tmp_path: Any) -> None:
