@@ -39,7 +39,6 @@ from airflow_plan_provider.operators.layout import (
 )
 from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.decisions import affected_subgraph
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, describe
@@ -52,17 +51,15 @@ from airflow_plan_provider.plan.session import (
     replan_run_id,
     run_context,
     start_session,
-    statuses_of,
-    trigger_node,
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import (
-    LockedNode,
     Planner,
     PlanningOutcome,
     PlanRequest,
     plan_with_repairs,
     rejected_problem_count,
+    replan_request,
 )
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
@@ -300,7 +297,7 @@ class PlanOperator(BaseOperator):
         current = validate_plan(state.current_plan)
         outcome = self._outcome(
             self.planner,
-            self._replan_request(state, current, planner_conf, tools),
+            replan_request(state, current, tools, limits, planner_conf),
             lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
             repair_attempts=self.repair_attempts,
             store=store,
@@ -372,32 +369,6 @@ class PlanOperator(BaseOperator):
             )
             return
         store.set(ACCEPTED_REPLY_KEY, value)
-
-    def _replan_request(
-        self,
-        state: SessionState,
-        current: ValidatedPlan,
-        planner_conf: Mapping[str, Any],
-        tools: ToolRegistry,
-    ) -> PlanRequest:
-        last = {r.node_id: r for r in state.history if r.revision == state.revision - 1}
-        affected = affected_subgraph(current, statuses_of(last), state.failed, state.replan_requested)
-        locked = tuple(
-            LockedNode(id=n, action=lo.action, tool=lo.tool, summary=lo.summary)
-            for n, lo in state.locked.items()
-        )
-        return PlanRequest(
-            goal=state.goal,
-            tools=tools,
-            limits=self.limits,
-            conf=dict(planner_conf),
-            current_plan=Plan.model_validate(state.current_plan),
-            locked=locked,
-            failed_node=trigger_node(state),
-            last_error=state.last_error,
-            affected=tuple(sorted(affected)),
-            revision=state.revision,
-        )
 
 
 def _ready_plan(raw: Any, tools: ToolRegistry, limits: Limits) -> PlanningOutcome:
