@@ -294,7 +294,7 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_same_json_holds_for_a_json_round_trip(value: Any) -> None:
-    from airflow_plan_provider.operators.plan_task import same_json
+    from airflow_plan_provider.operators.session_trust import same_json
 
     assert same_json(value, json.loads(json.dumps(value)))
 
@@ -314,14 +314,14 @@ def test_same_json_holds_for_a_json_round_trip(value: Any) -> None:
     ],
 )
 def test_same_json_examples(first: Any, second: Any, same: bool) -> None:
-    from airflow_plan_provider.operators.plan_task import same_json
+    from airflow_plan_provider.operators.session_trust import same_json
 
     assert same_json(first, second) is same
     assert same_json(second, first) is same
 
 
 def test_same_json_handles_deep_nesting() -> None:
-    from airflow_plan_provider.operators.plan_task import same_json
+    from airflow_plan_provider.operators.session_trust import same_json
 
     def nested(leaf: str) -> Any:
         value: Any = leaf
