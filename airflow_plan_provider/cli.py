@@ -62,9 +62,10 @@ from airflow_plan_provider.freeze import (
 )
 from airflow_plan_provider.plan.approval import APPROVAL_MODES
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import DEFAULT_WORKERS, run_plan
+from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import Planner
+from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.tools.registry import ToolRegistry, import_spec, load_tools
 
 EXIT_OK = 0
@@ -199,7 +200,10 @@ def _add_run(commands: Any) -> None:
         help="tool registry as module:attribute, path/to/file.py:attribute or an installed entry-point name",
     )
     run.add_argument(
-        "--max-workers", type=_positive_int, default=DEFAULT_WORKERS, help="threads; default: %(default)s"
+        "--max-workers",
+        type=_positive_int,
+        default=NodeExecution().max_active_nodes,
+        help="nodes running at once (NodeExecution.max_active_nodes); default: %(default)s",
     )
     run.add_argument(
         "--max-steps",
@@ -246,7 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         planner=planner,
         budgets=Budgets(max_steps=args.max_steps, max_replans=args.max_replans),
         limits=_limits(args),
-        max_workers=args.max_workers,
+        execution=NodeExecution(max_active_nodes=args.max_workers),
     )
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))  # ASCII: every control escaped

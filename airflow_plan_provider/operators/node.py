@@ -27,7 +27,7 @@ from airflow_plan_provider.operators.layout import (
 from airflow_plan_provider.plan.budgets import step_allowed
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
-from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, make_event
+from airflow_plan_provider.plan.events import EventSource, make_event, outcome_event
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.result import Event, NodeRecord, now, summarize
 from airflow_plan_provider.plan.session import RunContext
@@ -41,16 +41,6 @@ POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
-# what an outcome event tells of the record
-OUTCOME_DETAILS: tuple[str, ...] = (
-    "duration_s",
-    "error",
-    "output_summary",
-    "missing_inputs",
-    "replan_requested",
-    "budget_exhausted",
-    "checkpoint",
-)
 
 
 @dataclass
@@ -72,12 +62,17 @@ class NodeRun:
     events: list[Event] = field(default_factory=list)
     started: float | None = None
 
-    def event(self, type_: str, /, **data: Any) -> Event:
-        """Record and publish one event of this node (log line, metrics, span event)."""
-        source = EventSource(
+    @property
+    def source(self) -> EventSource:
+        return EventSource(
             self.ti.dag_id, self.ti.run_id, self.run_context.root_run_id, self.run_context.revision
         )
-        event = make_event(type_, source, self.node.id, tool=self.node.tool, **data)
+
+    def event(self, type_: str, /, **data: Any) -> Event:
+        """Record and publish one event of this node (log line, metrics, span event)."""
+        return self._publish(make_event(type_, self.source, self.node.id, tool=self.node.tool, **data))
+
+    def _publish(self, event: Event) -> Event:
         self.events.append(event)
         emit(self.log, event)
         return event
@@ -97,15 +92,7 @@ class NodeRun:
                 "duration_s": self.duration(),
             }
         )
-        kind = "node.reused" if record.reused else NODE_OUTCOMES[status]
-        details = {
-            k: getattr(record, k) for k in OUTCOME_DETAILS if getattr(record, k) not in (None, [], False)
-        }
-        if status is NodeStatus.SKIPPED and "error" in details:
-            details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
-        if record.artifact is not None:
-            details["artifact_uri"] = record.artifact.uri
-        self.event(kind, attempt=self.ti.try_number, **details)
+        self._publish(outcome_event(record, self.source, self.ti.try_number))
         record.events = list(self.events)
         self.ti.xcom_push(key=NODE_KEY, value=record.pushed())
 

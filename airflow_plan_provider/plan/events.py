@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_plan_provider.plan.decisions import NodeStatus
-from airflow_plan_provider.plan.result import Event
+from airflow_plan_provider.plan.result import Event, NodeRecord
 
 EVENT_TYPES = (
     "planner.usage",
@@ -91,3 +91,28 @@ def event_line(event: Event) -> str:
 def in_order(events: Iterable[Event]) -> list[Event]:
     """Events by time (ties keep their order: a node's events are recorded in sequence)."""
     return sorted(events, key=lambda event: event.at)
+
+
+# what a node's outcome event tells of its record (the fields that are set)
+OUTCOME_DETAILS = (
+    "duration_s",
+    "error",
+    "output_summary",
+    "missing_inputs",
+    "replan_requested",
+    "budget_exhausted",
+    "checkpoint",
+)
+
+
+def outcome_event(record: NodeRecord, source: EventSource, attempt: int) -> Event:
+    """The event of how a node ended: ``node.succeeded``, ``node.failed``, ``node.skipped`` (its
+    ``reason``: why it was skipped; nothing went wrong in it) or ``node.reused``, with the record's
+    details that are set and, for an output the provider stored, the artifact's URI."""
+    kind = "node.reused" if record.reused else NODE_OUTCOMES[record.status]
+    details = {k: getattr(record, k) for k in OUTCOME_DETAILS if getattr(record, k) not in (None, [], False)}
+    if record.status is NodeStatus.SKIPPED and "error" in details:
+        details["reason"] = details.pop("error")
+    if record.artifact is not None:
+        details["artifact_uri"] = record.artifact.uri
+    return make_event(kind, source, record.node_id, tool=record.tool, attempt=attempt, **details)

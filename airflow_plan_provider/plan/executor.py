@@ -1,20 +1,20 @@
 """Run a validated plan in this process, without Airflow, by the rules the plan DAG's node tasks follow.
 
-Nodes run on a thread pool of ``max_workers`` threads; each starts as soon as its own parents have
-finished (there is no layer barrier). A node decides with :func:`~airflow_plan_provider.plan.decisions.decide`
-(skip below a failed hard parent or a replan request; run with the missing optional inputs named), reuses
-a locked node's output, respects the step budget, gets its params from
-:func:`~airflow_plan_provider.plan.calls.call_params`, and calls its tool: a
+Nodes run on a thread pool (``NodeExecution.max_active_nodes`` threads); each starts as soon as its own
+parents have finished (there is no layer barrier). A node decides with
+:func:`~airflow_plan_provider.plan.decisions.decide` (skip below a failed hard parent or a replan request;
+run with the missing optional inputs named), reuses a locked node's output, respects the step budget,
+gets its params from :func:`~airflow_plan_provider.plan.calls.call_params`, and calls its tool: a
 :class:`~airflow_plan_provider.exceptions.TransientToolError` (or any other exception) is retried up to
-``retries`` times, a :class:`~airflow_plan_provider.exceptions.PermanentToolError` fails the node at
-once, a :class:`~airflow_plan_provider.exceptions.ReplanRequested` keeps the output and makes the
-node's children moot. An asynchronous tool's job is polled in the node's thread. The run ends with
-:func:`~airflow_plan_provider.plan.conclusion.conclude` and a :class:`SessionResult`; the session
-moves through the same transitions as the plan DAG's (:mod:`airflow_plan_provider.plan.session`,
+``NodeExecution.retries`` times, a :class:`~airflow_plan_provider.exceptions.PermanentToolError` fails
+the node at once, a :class:`~airflow_plan_provider.exceptions.ReplanRequested` keeps the output and makes
+the node's children moot. An asynchronous tool's job is polled in the node's thread. The run ends with
+:func:`~airflow_plan_provider.plan.conclusion.conclude` and a :class:`SessionResult`; the session moves
+through the same transitions as the plan DAG's (:mod:`airflow_plan_provider.plan.session`,
 :mod:`airflow_plan_provider.plan.conclusion`)::
 
     plan = validate_plan(raw, tools)
-    result = run_plan(plan, tools, max_workers=4)
+    result = run_plan(plan, tools, execution=NodeExecution(max_active_nodes=8))
     print(result.summary_text())
 
 Every try's events are kept, in order (the plan DAG keeps a retried node's earlier tries in its task log).
@@ -42,7 +42,7 @@ from airflow_plan_provider.plan.budgets import Budgets, step_allowed
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.conclusion import conclude, fail_session, finish_session, prepare_replan
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
-from airflow_plan_provider.plan.events import NODE_OUTCOMES, make_event
+from airflow_plan_provider.plan.events import make_event, outcome_event
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.problems import capped
@@ -59,20 +59,11 @@ from airflow_plan_provider.plan.session import (
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import Planner, plan_with_repairs, replan_request
+from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.tools.jobs import JobStatus
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 
 LOCAL_DAG_ID = "local"  # what a local run's events and idempotency keys name as their DAG
-DEFAULT_WORKERS = 4
-# what an outcome event tells of the record
-OUTCOME_DETAILS = (
-    "duration_s",
-    "error",
-    "output_summary",
-    "missing_inputs",
-    "replan_requested",
-    "budget_exhausted",
-)
 
 
 def local_session(
@@ -93,27 +84,26 @@ def run_plan(
     budgets: Budgets | None = None,
     limits: Limits | None = None,
     repair_attempts: int = 2,
-    max_workers: int = DEFAULT_WORKERS,
-    retries: int = 2,
-    retry_delay: float = 1.0,
+    execution: NodeExecution | None = None,
 ) -> SessionResult:
     """Run ``plan`` (validated against ``tools``) to the end of its session and report the result.
 
     Without a ``planner`` the plan is a ready plan: a replan request or a failure ends the session. With
     one, a run that concludes "replan" asks it for the affected subgraph (the locked nodes are reused,
     not run again) and runs the next revision, within ``budgets`` (steps and replans), as the plan
-    DAG's replan runs do; ``limits`` and ``repair_attempts`` apply to its replies. ``retries`` more
-    tries follow a failed try (not a permanent failure), ``retry_delay`` seconds apart unless the tool
-    asked for its own delay (``retry_after``).
+    DAG's replan runs do; ``limits`` and ``repair_attempts`` apply to its replies.
+
+    ``execution`` are the node settings a plan DAG uses: ``max_active_nodes`` threads; ``retries`` more
+    tries after a failed try (not a permanent failure), ``retry_delay`` growing by
+    ``retry_exponential_backoff`` up to ``max_retry_delay`` (or the delay the tool asked for,
+    ``retry_after``); ``timeout`` bounds an asynchronous tool's job when the tool sets none (a thread
+    running a tool cannot be stopped, so it bounds nothing else). ``mode`` and ``pool`` do not apply.
     """
-    if max_workers < 1:
-        raise ValueError(f"max_workers must be at least 1, got {max_workers!r}")
-    if retries < 0:
-        raise ValueError(f"retries must be at least 0, got {retries!r}")
+    execution = execution or NodeExecution()
     state = local_session(plan, budgets, "planner" if planner is not None else "conf")
     while True:
-        runner = _NodeRunner(plan, tools, state, retries, retry_delay)
-        records = _run_nodes(plan, runner, max_workers)
+        runner = _NodeRunner(plan, tools, state, execution)
+        records = _run_nodes(plan, runner, execution.max_active_nodes)
         state = record_node_outcomes(state, plan, records)
         conclusion = conclude(plan, records, state)
         shown = {n: r.output for n, r in records.items() if r.status is NodeStatus.SUCCESS}
@@ -178,8 +168,7 @@ class _NodeRunner:
     plan: ValidatedPlan
     tools: ToolRegistry
     state: SessionState
-    retries: int
-    retry_delay: float
+    execution: NodeExecution
 
     def run(self, node_id: str, parents: Mapping[str, NodeRecord], inputs: Mapping[str, Any]) -> NodeRecord:
         """Decide, call the tool and record the outcome of one node (in a pool thread)."""
@@ -258,11 +247,11 @@ class _Call:
             except Exception as error:
                 transient = error if isinstance(error, TransientToolError) else None
                 reason = transient.reason if transient else f"{type(error).__name__}: {error}"
-                if self.attempt > self.runner.retries:
+                if self.attempt > self.runner.execution.retries:
                     return self.outcome(NodeStatus.FAILED, error=reason)
                 self.event("node.retrying", attempt=self.attempt, duration_s=self.duration(), error=reason)
                 retry_after = transient.retry_after if transient else None
-                time.sleep(retry_after or self.runner.retry_delay)
+                time.sleep(retry_after or retry_delay(self.runner.execution, self.attempt))
                 continue
             return self.succeed(output)
 
@@ -270,9 +259,11 @@ class _Call:
         """Poll an asynchronous tool's job in this thread until it ends or its timeout passes (the plan
         DAG polls it on the triggerer, with the same outcomes)."""
         assert tool.poll is not None
-        polling: dict[str, Any] = {"handle": handle, "since": now(), "timeout": tool.timeout}
-        self.event("node.polling", handle=summarize(handle, 200), timeout=tool.timeout)
-        deadline = None if tool.timeout is None else time.time() + tool.timeout
+        default = self.runner.execution.timeout
+        timeout = tool.timeout or (default.total_seconds() if default else None)
+        polling: dict[str, Any] = {"handle": handle, "since": now(), "timeout": timeout}
+        self.event("node.polling", handle=summarize(handle, 200), timeout=timeout)
+        deadline = None if timeout is None else time.time() + timeout
         while True:
             try:
                 status = tool.poll(handle)
@@ -315,12 +306,16 @@ class _Call:
             duration_s=self.duration(),
             **fields,
         )
-        values = record.model_dump()
-        details = {k: values[k] for k in OUTCOME_DETAILS if values.get(k) not in (None, [], False)}
-        if status is NodeStatus.SKIPPED and "error" in details:
-            details["reason"] = details.pop("error")  # why it was skipped; nothing went wrong in it
-        kind = "node.reused" if record.reused else NODE_OUTCOMES[status]
-        self.event(kind, attempt=record.attempts, **details)
+        self.events.append(outcome_event(record, self.runner.state.source, record.attempts))
         record.events = list(self.events)
         record.output = output if status is NodeStatus.SUCCESS else None
         return record
+
+
+def retry_delay(execution: NodeExecution, attempt: int) -> float:
+    """Seconds before the try after ``attempt``: ``retry_delay * retry_exponential_backoff **
+    (attempt - 1)``, at most ``max_retry_delay`` (Airflow's rule, without its jitter)."""
+    delay = execution.retry_delay.total_seconds()
+    if execution.retry_exponential_backoff:
+        delay *= execution.retry_exponential_backoff ** (attempt - 1)
+    return min(delay, execution.max_retry_delay.total_seconds())

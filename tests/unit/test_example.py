@@ -24,6 +24,7 @@ from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.planners.base import LockedNode, PlanRequest
 from airflow_plan_provider.planners.static import StaticPlanner
 from airflow_plan_provider.planners.template import PlanRule, ReplanRule, TemplatePlanner
+from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.tools.registry import ToolContext
 from plan_demo import dataset
 from plan_demo.planner import payment_latency_planner
@@ -38,6 +39,7 @@ from plan_demo.tools import (
 )
 
 GOAL = "find why the payment API got slow yesterday and write a report"
+NO_WAIT = NodeExecution(retry_delay=timedelta(0))
 LOCKED = {"1", "2", "3", "4"}
 
 
@@ -321,7 +323,7 @@ def test_static_planner() -> None:
 
 def walk(goal: str) -> SessionResult:
     """The scenario's whole session, run by the local executor with the demo's planner."""
-    return run_plan(demo_plan(goal), registry, planner=payment_latency_planner(), retry_delay=0)
+    return run_plan(demo_plan(goal), registry, planner=payment_latency_planner(), execution=NO_WAIT)
 
 
 def last_records(result: SessionResult) -> dict[str, NodeRecord]:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import run_plan
+from airflow_plan_provider.plan.executor import retry_delay, run_plan
 from airflow_plan_provider.plan.result import Event, SessionResult
 from airflow_plan_provider.plan.validate import validate_plan
+from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.testing.scripted import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_tools
+
+NO_WAIT = NodeExecution(retry_delay=timedelta(0))
 
 
 @pytest.fixture
@@ -24,7 +28,7 @@ def log(tmp_path: Path) -> CallLog:
 
 def run_seed(log: CallLog, *, optional_4_to_5: bool = False, **overrides: dict[str, Any]) -> SessionResult:
     tools = scripted_registry(*seed_tools(log, **overrides))
-    return run_plan(validate_plan(seed_plan(optional_4_to_5), tools), tools, retry_delay=0)
+    return run_plan(validate_plan(seed_plan(optional_4_to_5), tools), tools, execution=NO_WAIT)
 
 
 def records(result: SessionResult) -> dict[str, Any]:
@@ -77,7 +81,7 @@ def test_independent_nodes_overlap_and_a_child_starts_when_its_own_parents_finis
         ],
         "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "d"}, {"from": "c", "to": "d"}],
     }
-    result = run_plan(validate_plan(plan, registry), registry, max_workers=3)
+    result = run_plan(validate_plan(plan, registry), registry, execution=NodeExecution(max_active_nodes=3))
     assert result.status == "completed" and result.outputs["b"] is True
     assert at(result, "node.started", "b") < at(result, "node.succeeded", "a")  # a and b overlap
     assert at(result, "node.started", "a") < at(result, "node.succeeded", "b")
@@ -88,7 +92,9 @@ def test_independent_nodes_overlap_and_a_child_starts_when_its_own_parents_finis
 
 def test_one_worker_runs_one_node_at_a_time(log: CallLog) -> None:
     result = run_plan(
-        validate_plan(seed_plan(), tools := scripted_registry(*seed_tools(log))), tools, max_workers=1
+        validate_plan(seed_plan(), tools := scripted_registry(*seed_tools(log))),
+        tools,
+        execution=NodeExecution(max_active_nodes=1),
     )
     assert result.status == "completed" and log.max_concurrency() == 1
 
@@ -130,7 +136,9 @@ def test_a_transient_failure_is_retried(log: CallLog) -> None:
 
 def test_retries_run_out(log: CallLog) -> None:
     tools = scripted_registry(*seed_tools(log, query_metrics={"transient_failures": 5}))
-    result = run_plan(validate_plan(seed_plan(), tools), tools, retries=1, retry_delay=0)
+    result = run_plan(
+        validate_plan(seed_plan(), tools), tools, execution=NodeExecution(retries=1, retry_delay=timedelta(0))
+    )
     record = records(result)["1"]
     assert (record.status, record.attempts) == ("failed", 2)
     assert record.error == "query_metrics: transient failure 2"
@@ -148,7 +156,7 @@ def test_a_permanent_failure_is_not_retried(log: CallLog) -> None:
 def test_the_step_budget_stops_execution(log: CallLog) -> None:
     tools = scripted_registry(*seed_tools(log))
     plan = validate_plan(seed_plan(), tools)
-    result = run_plan(plan, tools, budgets=Budgets(max_steps=3), retry_delay=0)
+    result = run_plan(plan, tools, budgets=Budgets(max_steps=3), execution=NO_WAIT)
     by_id = records(result)
     assert [n for n in "1234" if by_id[n].status == "success"] == ["1", "2", "3"]
     assert by_id["4"].budget_exhausted and by_id["4"].status == "skipped"
@@ -213,7 +221,7 @@ def test_an_asynchronous_tool_is_polled_to_its_result(log: CallLog) -> None:
 def test_with_a_planner_a_replan_request_starts_a_revision_that_reuses_the_locked_nodes(log: CallLog) -> None:
     planner, scripted = seed_replan_story(log)
     tools = scripted_registry(*scripted)
-    result = run_plan(validate_plan(seed_plan(), tools), tools, planner=planner, retry_delay=0)
+    result = run_plan(validate_plan(seed_plan(), tools), tools, planner=planner, execution=NO_WAIT)
     assert (result.status, result.reason) == ("completed", "goal_met")
     assert len(result.run_ids) == 2 and result.usage.replans == 1
     assert result.revisions[0].diff.revised == ["5"] and result.revisions[0].trigger_node == "3"
@@ -234,7 +242,7 @@ def test_a_replan_is_refused_when_the_replan_budget_is_spent(log: CallLog) -> No
     planner, scripted = seed_replan_story(log)
     tools = scripted_registry(*scripted)
     plan = validate_plan(seed_plan(), tools)
-    result = run_plan(plan, tools, planner=planner, budgets=Budgets(max_replans=0), retry_delay=0)
+    result = run_plan(plan, tools, planner=planner, budgets=Budgets(max_replans=0), execution=NO_WAIT)
     assert (result.status, result.reason) == ("failed", "replan_budget")
     assert planner.requests == [] and len(result.run_ids) == 1
 
@@ -243,15 +251,14 @@ def test_a_planner_with_no_replacement_fails_the_session(log: CallLog) -> None:
     _, scripted = seed_replan_story(log)
     tools = scripted_registry(*scripted)
     result = run_plan(
-        validate_plan(seed_plan(), tools), tools, planner=ScriptedPlanner(seed_plan()), retry_delay=0
+        validate_plan(seed_plan(), tools), tools, planner=ScriptedPlanner(seed_plan()), execution=NO_WAIT
     )
     assert (result.status, result.reason) == ("failed", "replan_failed")
     assert "the planner returned no plan" in result.message
 
 
-def test_bad_settings_are_refused(log: CallLog) -> None:
-    tools = scripted_registry(*seed_tools(log))
-    plan = validate_plan(seed_plan(), tools)
-    with pytest.raises(ValueError, match="max_workers"):
-        run_plan(plan, tools, max_workers=0)
-    assert log.count() == 0
+def test_retry_delays_grow_as_airflow_s_do() -> None:
+    execution = NodeExecution(retry_delay=timedelta(seconds=5), max_retry_delay=timedelta(seconds=30))
+    assert [retry_delay(execution, attempt) for attempt in (1, 2, 3, 4)] == [5, 10, 20, 30]
+    constant = NodeExecution(retry_delay=timedelta(seconds=5), retry_exponential_backoff=0)
+    assert [retry_delay(constant, attempt) for attempt in (1, 2, 3)] == [5, 5, 5]
