@@ -24,7 +24,7 @@ from airflow_plan_provider.operators.layout import (
     pull_run_context,
     task_id_in,
 )
-from airflow_plan_provider.plan.budgets import step_allowed
+from airflow_plan_provider.plan.budgets import step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
 from airflow_plan_provider.plan.events import EventSource, make_event, outcome_event
@@ -219,11 +219,8 @@ class PlanNodeOperator(BaseOperator):
             return
 
         position = run_ctx.execution_order.index(node.id)
-        if not step_allowed(run_ctx.budgets, run_ctx.steps_used, position):
-            reason = (
-                f"step budget spent: node {node.id} would be step {run_ctx.steps_used + position + 1} "
-                f"of {run_ctx.budgets.max_steps}"
-            )
+        reason = step_refused(run_ctx.budgets, run_ctx.steps_used, position, node.id)
+        if reason is not None:
             self.log.info("node %s skipped because the %s", node.id, reason)
             run.push(NodeStatus.SKIPPED, budget_exhausted=True, error=reason)
             raise AirflowSkipException(reason)

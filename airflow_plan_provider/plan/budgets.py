@@ -26,9 +26,16 @@ class Usage(BaseModel):
         self.completion_tokens += int(usage.get("completion_tokens", 0))
 
 
-def step_allowed(budgets: Budgets, steps_before: int, position: int) -> bool:
-    """Whether the node at ``position`` (0-based, in execution order) of this revision may execute.
+def step_refused(budgets: Budgets, steps_before: int, position: int, node_id: str) -> str | None:
+    """Why the node at ``position`` (0-based, in execution order) of this revision may not execute, or
+    ``None`` when it may: ``steps_before`` steps were spent by the earlier revisions.
 
     The position is fixed by the plan (layer, then id), so nodes running in parallel agree on it.
+
+    >>> step_refused(Budgets(max_steps=3), 2, 1, "7")
+    'step budget spent: node 7 would be step 4 of 3'
     """
-    return steps_before + position + 1 <= budgets.max_steps
+    step = steps_before + position + 1
+    if step <= budgets.max_steps:
+        return None
+    return f"step budget spent: node {node_id} would be step {step} of {budgets.max_steps}"

@@ -38,7 +38,7 @@ from airflow_plan_provider.exceptions import (
     ReplanRequested,
     TransientToolError,
 )
-from airflow_plan_provider.plan.budgets import Budgets, step_allowed
+from airflow_plan_provider.plan.budgets import Budgets, step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.conclusion import conclude, fail_session, finish_session, prepare_replan
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
@@ -185,12 +185,9 @@ class _NodeRunner:
                 NodeStatus.SUCCESS, locked.output, reused=True, attempts=0, output_summary=locked.summary
             )
         position = state.execution_order.index(node_id)
-        if not step_allowed(state.budgets, state.usage.steps, position):
-            reason = (
-                f"step budget spent: node {node_id} would be step {state.usage.steps + position + 1} "
-                f"of {state.budgets.max_steps}"
-            )
-            return call.outcome(NodeStatus.SKIPPED, budget_exhausted=True, error=reason)
+        refused = step_refused(state.budgets, state.usage.steps, position, node_id)
+        if refused is not None:
+            return call.outcome(NodeStatus.SKIPPED, budget_exhausted=True, error=refused)
         call.missing = list(decision.missing)
         tool = self.tools.get(node.tool)
         if tool is None:
