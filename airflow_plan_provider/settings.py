@@ -203,6 +203,15 @@ class ApprovalPolicy:
                     f"ApprovalPolicy.approvers must be user ids (a non-empty list) or None, got {approvers!r}"
                 )
             approvers = tuple(approvers)
+            for approver in approvers:
+                named = (
+                    isinstance(approver, Mapping) and isinstance(approver.get("id"), str) and approver["id"]
+                )
+                if not named and not (isinstance(approver, str) and approver.strip()):
+                    raise ValueError(
+                        "ApprovalPolicy.approvers: an approver is a user id or a mapping with 'id' "
+                        f"(and 'name'), not {approver!r}"
+                    )
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "timeout", timeout)
         object.__setattr__(self, "approvers", approvers)

@@ -41,6 +41,7 @@ from airflow_plan_provider.settings import (
         (lambda: ApprovalPolicy("maybe"), "ApprovalPolicy.mode"),  # type: ignore[arg-type]
         (lambda: ApprovalPolicy(timeout=timedelta(0)), "ApprovalPolicy.timeout"),
         (lambda: ApprovalPolicy(approvers=[]), "ApprovalPolicy.approvers"),
+        (lambda: ApprovalPolicy(approvers=[{"name": "no id"}]), "ApprovalPolicy.approvers"),
         (lambda: Limits(max_nodes=0), "Limits.max_nodes"),
     ],
 )
