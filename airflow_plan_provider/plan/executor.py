@@ -66,7 +66,7 @@ from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
 LOCAL_DAG_ID = "local"  # what a local run's events and idempotency keys name as their DAG
 
 
-def local_session(
+def _local_session(
     plan: ValidatedPlan, budgets: Budgets | None = None, source: PlanSource = "conf"
 ) -> SessionState:
     """A new session that has recorded ``plan`` (from ``source``: ``conf`` for a ready plan, which no
@@ -100,7 +100,7 @@ def run_plan(
     running a tool cannot be stopped, so it bounds nothing else). ``mode`` and ``pool`` do not apply.
     """
     execution = execution or NodeExecution()
-    state = local_session(plan, budgets, "planner" if planner is not None else "conf")
+    state = _local_session(plan, budgets, "planner" if planner is not None else "conf")
     while True:
         runner = _NodeRunner(plan, tools, state, execution)
         records = _run_nodes(plan, runner, execution.max_active_nodes)
