@@ -290,11 +290,9 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
         "-o",
         str(output),
     ]
-    child_env = {
-        **os.environ,
-        "AIRFLOW_PLAN_API_PASSWORD": env.passwords["alice"],
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dags")]),  # --tools plan_demo.tools:registry
-    }
+    # the dags folder on the path, as in Airflow: --tools plan_demo.tools:registry is imported
+    tools_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dags")])}
+    child_env = {**tools_env, "AIRFLOW_PLAN_API_PASSWORD": env.passwords["alice"]}
     done = subprocess.run(command, capture_output=True, text=True, env=child_env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
 
@@ -321,7 +319,7 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
     done = subprocess.run(refused, capture_output=True, text=True, env=child_env, timeout=120, check=False)
     assert done.returncode == 1 and "ended failed (rejected)" in done.stderr, done.stderr
     anonymous = [*command[:5], f"--source-dag={EXAMPLE}", f"--source-run={root}", *FREEZE_ARGS]
-    done = subprocess.run(anonymous, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(anonymous, capture_output=True, text=True, env=tools_env, timeout=120, check=False)
     assert done.returncode == 1 and "HTTP 401 (give --token or --user)" in done.stderr, done.stderr
 
 
