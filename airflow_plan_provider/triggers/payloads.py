@@ -109,3 +109,39 @@ def validate_dag_state_event(event: object) -> tuple[str, str]:
     if not isinstance(state, str) or not state:
         raise TriggerEventError(f"the event from {trigger} has no state for run {run_id!r}")
     return run_id, state
+
+
+APPROVAL_ERROR_TYPES = ("timeout", "unknown", "validation")
+
+
+def validate_approval_event(event: object) -> Mapping[str, Any]:
+    """The standard provider's ``HITLTrigger`` event the approval task resumes with, checked.
+
+    Either an answer (``chosen_options``: option names; ``responded_by_user``: ``{"id", "name"}`` or
+    ``None`` when a timeout chose the default; ``timedout``; ``responded_at``) or an error (``error``:
+    text; ``error_type``: ``timeout``, ``unknown`` or ``validation``).
+    """
+    trigger = "the approval trigger"
+    payload = _mapping(event, trigger)
+    if "error" in payload:
+        if not isinstance(payload["error"], str) or payload.get("error_type") not in APPROVAL_ERROR_TYPES:
+            raise TriggerEventError(
+                f"the error event from {trigger} must carry the error (text) and an error_type, one of "
+                f"{', '.join(APPROVAL_ERROR_TYPES)}: {dict(payload)!r:.200}"
+            )
+        return payload
+    chosen = payload.get("chosen_options")
+    if not isinstance(chosen, list) or not all(isinstance(option, str) for option in chosen):
+        raise TriggerEventError(
+            f"the answer from {trigger} has chosen_options {chosen!r:.200}, expected a list of option names"
+        )
+    user = payload.get("responded_by_user")
+    if user is not None and not (isinstance(user, Mapping) and isinstance(user.get("id"), str)):
+        raise TriggerEventError(
+            f"the answer from {trigger} has responded_by_user {user!r:.200}, expected {{id, name}} or None"
+        )
+    if not isinstance(payload.get("timedout", False), bool):
+        raise TriggerEventError(
+            f"the answer from {trigger} has timedout {payload['timedout']!r:.50}, expected a bool"
+        )
+    return payload

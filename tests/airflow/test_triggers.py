@@ -21,6 +21,7 @@ from airflow_plan_provider.triggers.job import ToolJobTrigger
 from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
 from airflow_plan_provider.triggers.payloads import (
     JobOutcome,
+    validate_approval_event,
     validate_dag_state_event,
     validate_job_event,
     validate_parents_event,
@@ -264,6 +265,48 @@ def test_dag_state_events_name_the_run_and_its_state(event: Any) -> None:
 def test_dag_state_events_without_one_run_and_its_state_are_rejected(event: Any, message: str) -> None:
     with pytest.raises(TriggerEventError, match=message):
         validate_dag_state_event(event)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {
+            "chosen_options": ["Approve"],
+            "params_input": {},
+            "responded_by_user": {"id": "1", "name": "ann"},
+            "responded_at": "2026-01-01T00:00:00+00:00",
+            "timedout": False,
+        },
+        {"chosen_options": ["Reject"], "params_input": {}, "responded_by_user": None, "timedout": True},
+        {"error": "The timeout has passed", "error_type": "timeout"},
+        {"error": "bad params", "error_type": "validation"},
+    ],
+)
+def test_approval_events_the_hitl_trigger_sends_are_accepted(event: dict[str, Any]) -> None:
+    assert validate_approval_event(event) == event
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (None, "resumed without an event from the approval trigger"),
+        ({}, "chosen_options None, expected a list of option names"),
+        ({"chosen_options": "Approve"}, "chosen_options 'Approve', expected a list"),
+        ({"chosen_options": [1]}, "chosen_options \\[1\\], expected a list"),
+        ({"chosen_options": ["Approve"], "responded_by_user": "ann"}, "responded_by_user 'ann'"),
+        (
+            {"chosen_options": ["Approve"], "responded_by_user": {"name": "ann"}},
+            "expected {id, name} or None",
+        ),
+        ({"chosen_options": ["Approve"], "timedout": "no"}, "timedout 'no', expected a bool"),
+        ({"error": "x"}, "must carry the error \\(text\\) and an error_type"),
+        ({"error": None, "error_type": "timeout"}, "must carry the error"),
+        ({"error": "x", "error_type": "crash"}, "error_type, one of timeout, unknown, validation"),
+    ],
+)
+def test_approval_events_the_hitl_trigger_cannot_send_are_rejected(event: Any, message: str) -> None:
+    with pytest.raises(TriggerEventError, match=message):
+        validate_approval_event(event)
 
 
 # ------------------------------------------------------------------------------ resuming operators
