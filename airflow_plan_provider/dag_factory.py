@@ -413,7 +413,7 @@ class PlanTaskGroup(TaskGroup):
     def result(self) -> Any:
         """The ``finalize`` task's return value: pass it to a task after the group (it also sets the
         dependency)."""
-        finalize: Any = self.children[self.child_id(FINALIZE_TASK)]
+        finalize: Any = self.children[self.child_id(FINALIZE_TASK)]  # type: ignore[no-untyped-call]
         return finalize.output
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators.layout import (
     APPROVAL_KEY,
     APPROVE_TASK,
@@ -43,6 +44,10 @@ from airflow_plan_provider.plan.result import now
 from airflow_plan_provider.plan.session import SessionState, record_approval, record_approval_not_needed
 from airflow_plan_provider.settings import Approver
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
+from airflow_plan_provider.triggers.payloads import validate_approval_event
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 def assigned_users(approvers: Sequence[Approver] | str | None) -> list[dict[str, str]] | None:
@@ -105,14 +110,14 @@ class PlanApprovalOperator(ApprovalOperator):
         super().__init__(
             subject="Approve the plan before its nodes run",
             defaults=ApprovalOperator.REJECT,  # what a timeout answers
-            assigned_users=assigned_users(approvers),  # type: ignore[arg-type]
+            assigned_users=assigned_users(approvers),
             response_timeout=response_timeout,
             **kwargs,
         )
         self.mode = mode
         self.tools = tools
 
-    def execute(self, context: Any) -> None:
+    def execute(self, context: Context) -> None:
         ti = context["ti"]
         plan = pull_plan(ti)
         if plan is None:
@@ -157,8 +162,16 @@ class PlanApprovalOperator(ApprovalOperator):
         self.log.info("asking for approval of nodes %s (%s)", asked, self.subject)
         super().execute(context)
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        """Record the answer; on anything but a timely "Approve", skip the node tasks."""
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Record the answer; on anything but a timely "Approve", skip the node tasks.
+
+        An event the approval trigger cannot have sent fails the task: no node runs, and finalize counts
+        the request without an answer as a rejection.
+        """
+        try:
+            event = dict(validate_approval_event(event))
+        except TriggerEventError as error:
+            raise AirflowFailException(f"task {self.task_id!r}: {error}") from error
         ti = context["ti"]
         requested = ti.xcom_pull(task_ids=ti.task_id, key=APPROVAL_KEY) or {}
         approval = Approval.model_validate({**requested, "status": "rejected"})

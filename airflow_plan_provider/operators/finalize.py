@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.bases.skipmixin import SkipMixin
@@ -31,6 +31,9 @@ from airflow_plan_provider.plan.session import (
     replan_conf,
     run_context,
 )
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 NO_REPORT = "the node's task ended without reporting (killed, timed out, or its layer never ran)"
 
@@ -69,6 +72,10 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
     fails, so the DAG run is failed too. Replan due: pushes the next run's conf, and a result with status
     ``replanned`` saying which node asked for the replan and why, and lets ``replan`` run (its
     ``return_value`` is then the session's outcome).
+
+    :param replan_task_id: the replan task this task skips when no replan is due; ``None`` when the DAG
+        has none (``replan`` off).
+    :param kwargs: passed on to :class:`~airflow.sdk.BaseOperator`.
     """
 
     ui_color = "#fbe7d9"
@@ -77,7 +84,7 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         super().__init__(**kwargs)
         self.replan_task_id = replan_task_id
 
-    def execute(self, context: Any) -> dict[str, Any] | None:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         ti = context["ti"]
         state = pull_session(ti)
         plan = pull_plan(ti)

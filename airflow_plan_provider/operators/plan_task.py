@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -58,6 +58,9 @@ from airflow_plan_provider.planners.base import (
     replan_request,
 )
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
 #: Task state store key of the planner reply a try of the planning task validated (reused by retries).
@@ -133,7 +136,7 @@ class PlanOperator(BaseOperator):
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
-    def execute(self, context: Any) -> list[str]:
+    def execute(self, context: Context) -> list[str]:
         ti = context["ti"]
         run_id = context["run_id"]
         shared = artifacts.local_store_warning(self.artifact_store)

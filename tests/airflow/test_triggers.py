@@ -324,3 +324,17 @@ def test_replan_task_fails_at_once_on_an_event_without_its_run(event: Any) -> No
     operator = ReplanOperator(task_id="replan", trigger_dag_id="plan")
     with pytest.raises(AirflowFailException, match=r"task 'replan': the .*DAG run state trigger"):
         operator.execute_complete({}, event)  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [None, {"chosen_options": "Approve"}, {"error": "lost", "error_type": "crash"}],
+)
+def test_approval_task_fails_at_once_on_an_event_the_hitl_trigger_cannot_send(event: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_plan_provider.operators.approval import PlanApprovalOperator
+
+    operator = PlanApprovalOperator(task_id="approve")
+    with pytest.raises(AirflowFailException, match=r"task 'approve': the .*approval trigger"):
+        operator.execute_complete({}, event)  # type: ignore[typeddict-item]
