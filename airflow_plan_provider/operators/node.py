@@ -24,6 +24,7 @@ from airflow_plan_provider.operators.layout import (
     pull_run_context,
     task_id_in,
 )
+from airflow_plan_provider.operators.run_report import node_label
 from airflow_plan_provider.plan.budgets import step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
@@ -159,7 +160,7 @@ class PlanNodeOperator(BaseOperator):
             raise AirflowFailException("no plan was published by the planning task")
         run_context = pull_run_context(ti)
         node = plan.node(self.plan_node)
-        context[NODE_LABEL] = f"{node.id} · {node.action}"
+        context[NODE_LABEL] = node_label(node.id, node.action)
         start = {
             "node_id": node.id,
             "revision": run_context.revision,

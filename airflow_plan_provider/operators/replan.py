@@ -14,7 +14,8 @@ from airflow.providers.standard.triggers.external_task import DagStateTrigger
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_plan_provider.exceptions import TriggerEventError
-from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, REPLAN_TASK, RESULT_KEY
+from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, RESULT_KEY
+from airflow_plan_provider.operators.run_report import session_outcome
 from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.triggers.payloads import validate_dag_state_event
 
@@ -99,16 +100,14 @@ class ReplanOperator(TriggerDagRunOperator):
         ti = context["ti"]
         # Pulls without map_indexes read every map index of the (unmapped) task: a missing value is then
         # None, where a single-index pull is a 404 the Task SDK logs at error level.
-        result = ti.xcom_pull(task_ids=FINALIZE_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
-        if isinstance(result, dict) and result.get("status") == "replanned":
-            # the child replanned in turn: its replan task reports the rest of the chain
-            result = ti.xcom_pull(task_ids=REPLAN_TASK, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
-        if not result:
+        result = session_outcome(
+            lambda task_id: ti.xcom_pull(task_ids=task_id, dag_id=ti.dag_id, run_id=child, key=RESULT_KEY)
+        )
+        if result is None:
             raise AirflowFailException(f"replan run {child} ended ({state}) without a result")
-        self.log.info("session ended %s (%s) after run %s", result["status"], result["reason"], child)
-        if result["status"] != "completed":
-            ti.xcom_push(key=RESULT_KEY, value=result)
-            raise AirflowFailException(
-                f"plan session failed ({result['reason']}): {result.get('message', '')}"
-            )
-        return dict(result)
+        self.log.info("session ended %s (%s) after run %s", result.status, result.reason, child)
+        payload = result.model_dump(mode="json")
+        if result.status != "completed":
+            ti.xcom_push(key=RESULT_KEY, value=payload)
+            raise AirflowFailException(f"plan session failed ({result.reason}): {result.message}")
+        return payload

@@ -1,11 +1,10 @@
-"""Running a DAG built inside a test with ``dag.test()`` on the test's SQLite database."""
+"""Reading what a run left in the test's SQLite database (runs are made with
+:mod:`airflow_plan_provider.testing.in_process`)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,52 +14,6 @@ from typing import Any
 def migrate_db() -> None:
     airflow = Path(sys.executable).with_name("airflow")
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
-
-
-@contextmanager
-def next_run_id(run_id: str) -> Iterator[None]:
-    """Give the next run ``dag.test()`` creates the id ``run_id``.
-
-    ``dag.test()`` (Airflow 3.3) takes no run id: it names its run with ``DagRun.generate_run_id``. A
-    replan run must carry the id its parent's replan task gives it (the planning task checks), so that
-    one call is answered with ``run_id``; later calls get generated ids as usual.
-    """
-    from unittest.mock import patch
-
-    from airflow.models.dagrun import DagRun
-
-    generate = DagRun.generate_run_id
-    pending = [run_id]
-
-    def generate_run_id(**kwargs: Any) -> str:
-        return pending.pop() if pending else generate(**kwargs)
-
-    with patch.object(DagRun, "generate_run_id", staticmethod(generate_run_id)):
-        yield
-
-
-def run_dag(
-    dag: Any, conf: dict[str, Any] | None = None, *, run_id: str | None = None, **test_kwargs: Any
-) -> Any:
-    """Serialise ``dag`` to the database, run it with ``dag.test()``, and return the DagRun.
-
-    ``run_id`` names the run (as a REST API trigger or the replan task may); by default ``dag.test()``
-    generates one.
-    """
-    migrate_db()
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
-    # the replan task waits for a run dag.test never starts; the end-to-end tests run it for real
-    test_kwargs.setdefault("mark_success_pattern", "^replan$")
-    if run_id is None:
-        return dag.test(run_conf=conf or {}, **test_kwargs)
-    with next_run_id(run_id):
-        return dag.test(run_conf=conf or {}, **test_kwargs)
 
 
 def task_states(dag_run: Any) -> dict[str, str]:
@@ -98,24 +51,3 @@ def run_xcoms(dag_run: Any) -> dict[tuple[str, int, str], Any]:
     with create_session() as session:
         rows = session.query(XComModel).filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id).all()
         return {(row.task_id, row.map_index, row.key): XComModel.deserialize_value(row) for row in rows}
-
-
-def run_chain(dag: Any, conf: dict[str, Any] | None = None, max_runs: int = 6) -> list[Any]:
-    """Run a plan session in-process: each run with ``dag.test()``, and each replan run it prepares after it.
-
-    The ``replan`` task itself (which triggers and waits for the next run on a real scheduler) is
-    marked success instead of running; the end-to-end tests cover it. Each replan run gets what the
-    replan task would give it: finalize's ``replan_conf`` as its conf, and the run id
-    :func:`~airflow_plan_provider.operators.replan.replan_run_id` of the session's root and revision.
-    """
-    from airflow_plan_provider.operators.replan import replan_run_id
-
-    runs = [run_dag(dag, conf, mark_success_pattern="^replan$")]
-    while len(runs) < max_runs:
-        replan_conf = xcom(runs[-1], "finalize", key="replan_conf")
-        if not replan_conf:
-            break
-        session = replan_conf["session"]
-        child = replan_run_id(session["root_run_id"], session["revision"])
-        runs.append(run_dag(dag, replan_conf, run_id=child, mark_success_pattern="^replan$"))
-    return runs

@@ -277,10 +277,11 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
 
 @pytest.mark.airflow
 def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) -> None:
-    from tests.airflow.support import run_dag, task_states, xcom
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import task_states, xcom
 
     log = CallLog(tmp_path)
-    run = run_dag(build("apv_not_needed", registry(log)), {"goal": "g"})
+    run = run_plan_dag(build("apv_not_needed", registry(log)), {"goal": "g"})
     states = task_states(run)
     assert str(run.state) == "success"
     assert states["approve"] == "skipped" and states["layer_0[0]"] == "success"

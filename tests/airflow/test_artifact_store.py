@@ -127,12 +127,13 @@ def test_building_a_dag_warns_once_per_process_on_a_distributed_executor(
 def test_the_planning_task_log_warns_on_a_distributed_executor(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_store_env: None
 ) -> None:
-    from tests.airflow.support import run_dag, xcom
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import xcom
 
     dag = _build("store_warning_task", tmp_path)
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
     capsys.readouterr()
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     assert str(run.state) == "success"
     assert xcom(run, "finalize")["outputs"] == {"1": "ok"}
     # the task log (printed by dag.test): one warning line, from the planning task

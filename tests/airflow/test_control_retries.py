@@ -18,7 +18,8 @@ import pytest
 
 from airflow_plan_provider import Budgets, Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow.support import run_chain, run_dag, xcom
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
+from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -161,7 +162,7 @@ def test_control_retries_are_one_setting(tmp_path):
 def test_planning_lost_mid_call_asks_the_planner_again(tmp_path):
     log = CallLog(tmp_path / "calls")
     planner = CountingPlanner(tmp_path, LINEAR | {"nodes": LINEAR["nodes"][:1]}, crash_first=True)
-    run = run_dag(build("plan_lost_mid_call", planner, log), {"goal": "g"})
+    run = run_plan_dag(build("plan_lost_mid_call", planner, log), {"goal": "g"})
     assert str(run.state) == "success"
     assert planner.count() == 2 and tries(run)["plan"] == 2
     assert xcom(run, "finalize")["status"] == "completed"
@@ -175,7 +176,7 @@ def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
     monkeypatch.setattr(dag_factory, "PlanOperator", lost_after(PlanOperator))
     log = CallLog(tmp_path / "calls")
     planner = CountingPlanner(tmp_path, LINEAR | {"nodes": LINEAR["nodes"][:1]})
-    run = run_dag(build("plan_lost_after", planner, log), {"goal": "g"})
+    run = run_plan_dag(build("plan_lost_after", planner, log), {"goal": "g"})
     assert str(run.state) == "success"
     assert planner.count() == 1 and tries(run)["plan"] == 2  # the retry reused the validated plan
     result = xcom(run, "finalize")
@@ -208,7 +209,7 @@ def test_finalize_lost_after_its_work_recomputes_and_the_chain_completes(tmp_pat
 
     monkeypatch.setattr(dag_factory, "FinalizePlanOperator", lost_after(FinalizePlanOperator))
     log = CallLog(tmp_path / "calls")
-    runs = run_chain(build("finalize_lost", replanning(), log), {"goal": "g"})
+    runs = run_session(build("finalize_lost", replanning(), log), {"goal": "g"}).runs
     assert len(runs) == 2 and [str(r.state) for r in runs] == ["success", "success"]
     # the replan run accepted the conf the retried finalize prepared; no node ran twice
     assert [tries(r)["finalize"] for r in runs] == [2, 2]
@@ -264,7 +265,7 @@ def set_run_state(dag_id: str, run_id: str, state: str) -> None:
 def test_replan_retry_reports_the_run_an_earlier_try_started(tmp_path):
     log = CallLog(tmp_path / "calls")
     dag = build("replan_retry_done", replanning(), log)
-    root, child = run_chain(dag, {"goal": "g"})
+    root, child = run_session(dag, {"goal": "g"}).runs
     ti = replan_again(dag, root)
     assert str(ti.state) == "success"  # not DagRunAlreadyExists
     assert run_ids(dag.dag_id) == sorted([root.run_id, child.run_id])
@@ -275,7 +276,7 @@ def test_replan_retry_reports_the_run_an_earlier_try_started(tmp_path):
 def test_replan_retry_waits_deferred_for_the_run_an_earlier_try_started(tmp_path):
     log = CallLog(tmp_path / "calls")
     dag = build("replan_retry_waits", replanning(), log)
-    root, child = run_chain(dag, {"goal": "g"})
+    root, child = run_session(dag, {"goal": "g"}).runs
     set_run_state(dag.dag_id, child.run_id, "running")  # as if the child were still going
     finished: list[float] = []
 
@@ -300,7 +301,7 @@ def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path
     log = CallLog(tmp_path / "calls")
     planner = ScriptedPlanner(LINEAR, on_error=[("403", AROUND_FAILING)])
     dag = build("replan_retry_failed", planner, log, budgets=Budgets(max_replans=1))
-    root, child = run_chain(dag, {"goal": "g"})
+    root, child = run_session(dag, {"goal": "g"}).runs
     assert str(child.state) == "failed"
     ti = replan_again(dag, root)
     assert str(ti.state) == "failed"

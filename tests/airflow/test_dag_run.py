@@ -8,8 +8,9 @@ import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
+from airflow_plan_provider.testing.in_process import run_plan_dag
 from airflow_plan_provider.testing.seed import seed_plan, seed_tools
-from tests.airflow.support import run_dag, task_states, xcom
+from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -27,7 +28,7 @@ def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
 def test_seed_plan_completes(tmp_path):
     log = CallLog(tmp_path)
     dag = build("seed_ok", log, plan_=seed_plan())
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "success"
     assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success"] * 4
@@ -43,7 +44,7 @@ def test_permanent_failure_skips_dependents_only(tmp_path):
     dag = build(
         "seed_fail", log, plan_=seed_plan(), overrides={"query_deploys": {"permanent": "deploy API says 403"}}
     )
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
     assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
@@ -64,7 +65,7 @@ def test_optional_parent_failure_names_missing_input(tmp_path):
         plan_=seed_plan(optional_4_to_5=True),
         overrides={"query_error_logs": {"permanent": "log service down"}},
     )
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     states = task_states(run)
     assert states["layer_0[3]"] == "failed"
     assert states["layer_1[0]"] == "success" and states["layer_2[0]"] == "success"
@@ -81,7 +82,7 @@ def test_optional_parent_failure_names_missing_input(tmp_path):
 def test_transient_failure_is_retried_by_airflow(tmp_path):
     log = CallLog(tmp_path)
     dag = build("seed_retry", log, plan_=seed_plan(), overrides={"query_metrics": {"transient_failures": 1}})
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     assert str(run.state) == "success"
     assert log.count("query_metrics") == 2
     assert xcom(run, "layer_0", key="node", map_index=0)["attempts"] == 2
@@ -92,7 +93,7 @@ def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
     bad = seed_plan()
     bad["edges"].append({"from": "6", "to": "1"})
     dag = build("seed_cycle", log, plan_=bad)
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
     assert states["plan"] == "failed"

@@ -13,7 +13,8 @@ import pytest
 from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow.support import run_chain, run_dag, xcom
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
+from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -54,7 +55,7 @@ def test_large_output_goes_to_the_artifact_store_and_arrives_intact(tmp_path):
         tools,
         artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
     )
-    run = run_dag(dag, {"goal": "g"})
+    run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success"
     record = xcom(run, "layer_0", key="node", map_index=0)
     assert len(json.dumps(record)) < 4096  # the XCom row holds a reference, not 5 MB
@@ -82,7 +83,7 @@ def test_replan_prompt_gets_only_the_summary_of_a_large_output(tmp_path):
     }
     planner = ScriptedPlanner(plan, on_error=[("rejected", replacement)])
     dag = build("artifact_replan", planner, tools, artifacts=ArtifactStore(url=f"file://{tmp_path}/store"))
-    runs = run_chain(dag, {"goal": "move the data"})
+    runs = run_session(dag, {"goal": "move the data"}).runs
     assert xcom(runs[-1], "finalize")["status"] == "completed"
     replan_request = planner.requests[-1]
     assert replan_request.is_replan
@@ -105,7 +106,7 @@ def test_asynchronous_tool_defers_and_succeeds_with_the_jobs_result(tmp_path):
             {"id": "2", "action": "report", "tool": "report", "params": {"n": "${1.rows}"}},
         ]
     }
-    run = run_dag(build("async_ok", ScriptedPlanner(plan), tools), {"goal": "g"})
+    run = run_plan_dag(build("async_ok", ScriptedPlanner(plan), tools), {"goal": "g"})
     assert str(run.state) == "success"
     record = xcom(run, "layer_0", key="node", map_index=0)
     assert record["output"] == {"rows": 42} and record["polling"]["outcome"] == "done"
@@ -123,7 +124,7 @@ def test_asynchronous_job_failure_or_timeout_fails_the_node(tmp_path, options, e
     log = CallLog(tmp_path)
     tools = [ScriptedTool("export", log=log, returns=1, job_seconds=4, poll_interval=0.5, **options)]
     plan = {"nodes": [{"id": "1", "action": "export", "tool": "export"}]}
-    run = run_dag(
+    run = run_plan_dag(
         build(f"async_bad_{expected.split()[0]}", ScriptedPlanner(plan), tools, replan=False), {"goal": "g"}
     )
     assert str(run.state) == "failed"

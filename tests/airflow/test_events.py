@@ -17,8 +17,9 @@ import pytest
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
+from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
-from tests.airflow.support import run_chain, xcom
+from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -43,7 +44,7 @@ def seed_session(dag_id: str, tmp_path: Any) -> list[Any]:
         limits=Limits(max_depth=4),
         execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
-    return run_chain(dag, {"goal": "find why the payment API got slow yesterday"})
+    return run_session(dag, {"goal": "find why the payment API got slow yesterday"}).runs
 
 
 def logged_events(text: str) -> list[dict[str, Any]]:

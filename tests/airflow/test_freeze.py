@@ -225,10 +225,11 @@ def load_dag_file(path: Path, name: str) -> Any:
 
 @pytest.mark.airflow
 def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> None:
-    from tests.airflow.support import run_chain, run_dag, xcom
+    from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
+    from tests.airflow.support import xcom
 
     example = load_dag_file(ROOT / "dags" / "plan_and_execute.py", "plan_and_execute_source")
-    source_runs = run_chain(example.plan_and_execute, {"goal": example.GOAL})
+    source_runs = run_session(example.plan_and_execute, {"goal": example.GOAL}).runs
     assert len(source_runs) == 2  # the seed session replans once
     source = xcom(source_runs[-1], "finalize")
     final_plan = xcom(source_runs[-1], "plan", key="plan")
@@ -245,7 +246,7 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert dag.task_dict["plan"].ready_plan == frozen.PLAN and "approve" not in dag.task_ids
 
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    run = run_dag(
+    run = run_plan_dag(
         dag, logical_date=today
     )  # the run at 00:00 reports on the day before: the source's "yesterday"
     assert str(run.state) == "success"
@@ -259,7 +260,7 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert Path(mine["path"]).name.startswith(f"{yesterday}_daily_payment_report_")
     assert json.dumps(result).count("{{") == 0  # every template was rendered
 
-    earlier = run_dag(dag, logical_date=today - timedelta(days=3))
+    earlier = run_plan_dag(dag, logical_date=today - timedelta(days=3))
     outputs = xcom(earlier, "finalize")["outputs"]
     day = (today - timedelta(days=4)).date().isoformat()
     assert outputs["1"]["day"] == outputs["2"]["day"] == day and Path(outputs["6"]["path"]).name.startswith(
@@ -271,7 +272,8 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
 def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tmp_path: Path) -> None:
     from airflow_plan_provider.dag_factory import build_plan_dag
     from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
-    from tests.airflow.support import run_dag, task_states, xcom
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import task_states, xcom
 
     log = CallLog(tmp_path)
     tools = scripted_registry(ScriptedTool("echo", log=log, returns=lambda params: params))
@@ -285,14 +287,14 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     dag = build_plan_dag(
         "frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools, limits=Limits(max_depth=1)
     )
-    run = run_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
+    run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, "finalize")["outputs"]["1"] == {"text": "day 2024-03-05"}
     # a plan given in the conf is user input: never rendered
-    conf_run = run_dag(dag, {"plan": plan_with("{{ ds }}")})
+    conf_run = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
     assert xcom(conf_run, "finalize")["outputs"]["1"] == {"text": "{{ ds }}"}
 
     broken = build_plan_dag("frozen_broken", planner=None, plan=plan_with("{{ no_such_name }}"), tools=tools)
-    failed = run_dag(broken)
+    failed = run_plan_dag(broken)
     assert task_states(failed)["plan"] == "failed" and log.count("echo") == 2
     result = xcom(failed, "finalize")
     assert result["reason"] == "invalid_plan" and "cannot render the DAG's plan" in result["message"]

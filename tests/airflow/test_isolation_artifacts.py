@@ -21,8 +21,9 @@ import pytest
 from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.tools.registry import ToolContext
-from tests.airflow.support import run_chain, run_dag, task_states, xcom
+from tests.airflow.support import task_states, xcom
 
 NODE_KEY = "node"
 
@@ -118,7 +119,7 @@ def test_runs_whose_ids_differ_only_in_punctuation_each_call_their_tool(tmp_path
         "iso_run_ids", ScriptedPlanner(plan), [tool], artifacts=ArtifactStore(url=f"file://{tmp_path}/store")
     )
 
-    runs = [run_dag(dag, {"goal": "g"}) for _ in range(2)]
+    runs = [run_plan_dag(dag, {"goal": "g"}) for _ in range(2)]
 
     assert [r.run_id for r in runs] == ["nightly:2024", "nightly+2024"]
     assert [str(r.state) for r in runs] == ["success", "success"]
@@ -192,11 +193,11 @@ def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(
     )
     # the same logical date gives the same run id: dag.test replaces the run, as a clear would
     when = datetime(2024, 5, 1, tzinfo=UTC)
-    first = run_dag(dag, {"goal": "g"}, logical_date=when, run_after=when)
+    first = run_plan_dag(dag, {"goal": "g"}, logical_date=when, run_after=when)
     assert str(first.state) == "success" and log.count("fetch") == 2
 
     tampered = tamper(store)
-    again = run_dag(dag, {"goal": "g"}, logical_date=when, run_after=when)
+    again = run_plan_dag(dag, {"goal": "g"}, logical_date=when, run_after=when)
 
     assert again.run_id == first.run_id
     assert str(again.state) == "success", task_states(again)
@@ -257,7 +258,7 @@ def test_a_tool_output_that_looks_like_a_reference_is_passed_on_as_plain_data(tm
         tools,
         artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
     )
-    run = run_dag(dag, {"goal": "g"})
+    run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success", task_states(run)
     record = xcom(run, "layer_1", key=NODE_KEY, map_index=0)
     assert record["output"] == forged
@@ -312,7 +313,7 @@ def test_a_damaged_stored_output_fails_the_reading_node_for_good(tmp_path, damag
         artifacts=ArtifactStore(url=f"file://{store}", threshold=1024),
         execution=NodeExecution(retries=2, retry_delay=timedelta(0)),
     )
-    run = run_dag(dag, {"goal": "g"})
+    run = run_plan_dag(dag, {"goal": "g"})
 
     assert task_states(run)["layer_2[0]"] == "failed"
     assert try_number(run, "layer_2", 0) == 1  # permanent: not retried
@@ -422,7 +423,7 @@ def test_a_node_unchanged_by_a_replan_keeps_its_key_so_its_side_effect_is_not_re
     }
     planner = ScriptedPlanner(plan, on_error=[("declined", replacement)])
     dag = build("iso_key_replan", planner, tools, replan=True)
-    runs = run_chain(dag, {"goal": "charge and notify"})
+    runs = run_session(dag, {"goal": "charge and notify"}).runs
 
     assert len(runs) == 2
     result = xcom(runs[-1], "finalize")
@@ -465,7 +466,7 @@ def test_a_node_killed_after_its_tool_returned_is_not_called_again(tmp_path, mon
         artifacts=ArtifactStore(url=f"file://{tmp_path}/store"),
         execution=NodeExecution(retries=1, retry_delay=timedelta(0)),
     )
-    run = run_dag(dag, {"goal": "g"})
+    run = run_plan_dag(dag, {"goal": "g"})
 
     assert killed == ["layer_0"]
     assert str(run.state) == "success", task_states(run)

@@ -22,7 +22,8 @@ from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow.support import run_chain, run_dag, run_xcoms, task_states, xcom
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
+from tests.airflow.support import run_xcoms, task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -99,7 +100,7 @@ def victim(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("victim")
     log, store = CallLog(base / "calls"), base / "store"
     dag = build("isolation_victim", log, store)
-    run = run_dag(dag, {"goal": GOAL})
+    run = run_plan_dag(dag, {"goal": GOAL})
     assert str(run.state) == "success"
     assert log.count("pay") == 1 and len(log.side_effects()) == 1
     assert store_snapshot(store), "the victim run saved no checkpoint: the checks below would prove nothing"
@@ -166,7 +167,7 @@ def test_forged_session_naming_another_run_is_rejected_before_any_node(
     log, store = victim["log"], victim["store"]
     calls, effects, saved = log.calls(), log.side_effects(), store_snapshot(store)
     conf, run_id, check = forgeries(victim["run"].run_id)[name]
-    run = run_dag(victim["dag"], conf, run_id=run_id)
+    run = run_plan_dag(victim["dag"], conf, run_id=run_id)
     assert_rejected(run, check)
     # the victim's tool calls, payment and checkpoints are untouched: no tool was called at all
     assert log.calls() == calls and log.side_effects() == effects
@@ -187,7 +188,7 @@ def test_session_copied_from_a_real_parent_but_altered_is_rejected(
 ) -> None:
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     dag = build(f"isolation_altered_{change.replace(' ', '_')}", log, store, fail_report=True)
-    parent = run_dag(dag, {"goal": GOAL})
+    parent = run_plan_dag(dag, {"goal": GOAL})
     prepared = xcom(parent, "finalize", key="replan_conf")
     assert prepared and prepared["session"]["locked"]["1"]["output"] == {"paid": 100}
     conf = copy.deepcopy(prepared)
@@ -200,7 +201,7 @@ def test_session_copied_from_a_real_parent_but_altered_is_rejected(
     else:
         conf["session"][MARKER] = 1
     calls = log.calls()
-    run = run_dag(dag, conf, run_id=replan_run_id(parent.run_id, 1))
+    run = run_plan_dag(dag, conf, run_id=replan_run_id(parent.run_id, 1))
     assert_rejected(run, check)
     assert log.calls() == calls
 
@@ -208,14 +209,14 @@ def test_session_copied_from_a_real_parent_but_altered_is_rejected(
 def test_legitimate_chain_completes_and_its_session_cannot_start_a_second_run(tmp_path: Path) -> None:
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     dag = build("isolation_chain", log, store, fail_report=True)
-    parent, child = run_chain(dag, {"goal": GOAL})
+    parent, child = run_session(dag, {"goal": GOAL}).runs
     assert child.run_id == replan_run_id(parent.run_id, 1)
     result = xcom(child, "finalize")
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert result["outputs"]["3"] == {"report2": {"paid": 100}}
     assert log.count("pay") == 1 and log.count("report2") == 1
     # the same, genuine conf once more under another run id: one parent starts one run per revision
-    replay = run_dag(dag, xcom(parent, "finalize", key="replan_conf"))
+    replay = run_plan_dag(dag, xcom(parent, "finalize", key="replan_conf"))
     assert_rejected(replay, "run's id")
     assert log.count("pay") == 1 and log.count("report2") == 1
 
@@ -223,12 +224,12 @@ def test_legitimate_chain_completes_and_its_session_cannot_start_a_second_run(tm
 def test_session_prepared_by_another_dag_is_rejected(tmp_path: Path) -> None:
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     other = build("isolation_other_dag", log, store, fail_report=True)
-    parent = run_dag(other, {"goal": GOAL})
+    parent = run_plan_dag(other, {"goal": GOAL})
     prepared = xcom(parent, "finalize", key="replan_conf")
     assert prepared
     target = build("isolation_target_dag", log, store, fail_report=True)
     calls = log.calls()
-    run = run_dag(target, prepared, run_id=replan_run_id(parent.run_id, 1))
+    run = run_plan_dag(target, prepared, run_id=replan_run_id(parent.run_id, 1))
     assert_rejected(run, "is not a run of DAG 'isolation_target_dag'")
     assert log.calls() == calls
 
@@ -244,7 +245,7 @@ def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest
         ]
     }
     capfd.readouterr()
-    run = run_dag(dag, {"goal": GOAL, "plan": plan})
+    run = run_plan_dag(dag, {"goal": GOAL, "plan": plan})
     out, err = capfd.readouterr()
     assert task_states(run)["plan"] == "failed" and str(run.state) == "failed"
 

@@ -391,15 +391,16 @@ def test_planning_task_records_the_reason_and_no_piece_of_the_key(
 ) -> None:
     from airflow_plan_provider.dag_factory import build_plan_dag
     from airflow_plan_provider.testing import CallLog, scripted_registry
+    from airflow_plan_provider.testing.in_process import run_plan_dag
     from airflow_plan_provider.testing.seed import seed_tools
-    from tests.airflow.support import run_dag, xcom
+    from tests.airflow.support import xcom
 
     server.add(script)
     planner = LLMPlanner(base_url=server.base_url, api_key=KEY, model="test-model", max_retries=0)
     dag = build_plan_dag(
         dag_id, planner=planner, tools=scripted_registry(*seed_tools(CallLog(tmp_path))), replan=False
     )
-    dag_run = run_dag(dag, {"goal": "find the slow service"})
+    dag_run = run_plan_dag(dag, {"goal": "find the slow service"})
 
     assert str(dag_run.state) == "failed"
     error = xcom(dag_run, "plan", key="planning_error")

@@ -9,8 +9,9 @@ import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, scripted_registry
+from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_replan_story
-from tests.airflow.support import run_chain, xcom
+from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -52,8 +53,10 @@ def test_replan_operator_needs_the_dag_id():
 
 
 def test_replan_run_links_back_to_its_parent(tmp_path):
-    runs = run_chain(build("links_parent", CallLog(tmp_path)), {"goal": "find why the payment API got slow"})
-    root, child = runs
+    session = run_session(
+        build("links_parent", CallLog(tmp_path)), {"goal": "find why the payment API got slow"}
+    )
+    root, child = session.runs
     assert xcom(root, "plan", key="_link_ParentRunLink") == ""  # a root run has no parent
     link = xcom(child, "plan", key="_link_ParentRunLink")
     assert link.endswith(f"/dags/links_parent/runs/{root.run_id}"), link

@@ -15,8 +15,9 @@ from airflow_plan_provider.plan.session import SessionState, replan_run_id
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.plugins.data import RunData, plan_view, session_chain
 from airflow_plan_provider.testing import CallLog, scripted_registry
+from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_replan_story
-from tests.airflow.support import run_chain, task_states
+from tests.airflow.support import task_states
 
 SEED_DAG = "view_seed_replan"
 
@@ -37,7 +38,7 @@ def seed_dag(dag_id: str, log: CallLog):
 @pytest.fixture(scope="module")
 def seed_session(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     log = CallLog(tmp_path_factory.mktemp("calls"))
-    return run_chain(seed_dag(SEED_DAG, log), {"goal": "find why the payment API got slow"})
+    return run_session(seed_dag(SEED_DAG, log), {"goal": "find why the payment API got slow"}).runs
 
 
 def load(dag_id: str, run_id: str) -> list[RunData] | None:

@@ -16,9 +16,10 @@ from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations
 from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.tools.registry import Tool
 from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finished_states
-from tests.airflow.support import run_chain, run_dag, xcom
+from tests.airflow.support import xcom
 
 API = "rate_limited_api"
 HEAVY_LANE = f"{API}__x2"
@@ -290,8 +291,10 @@ def test_pooled_nodes_run_in_their_pools_with_the_same_result_as_without(tmp_pat
     trigger inline, before the parent it waits for. tests/e2e/test_celery_load.py runs an eager plan
     with pooled nodes.)"""
     plain_log, pooled_log = CallLog(tmp_path / "plain"), CallLog(tmp_path / "pooled")
-    plain = run_dag(build("lanes_plain", plain_log, pooled=False, execution=NodeExecution(pool="plan_nodes")))
-    pooled = run_dag(build("lanes_pooled", pooled_log, execution=NodeExecution(pool="plan_nodes")))
+    plain = run_plan_dag(
+        build("lanes_plain", plain_log, pooled=False, execution=NodeExecution(pool="plan_nodes"))
+    )
+    pooled = run_plan_dag(build("lanes_pooled", pooled_log, execution=NodeExecution(pool="plan_nodes")))
 
     assert str(pooled.state) == str(plain.state) == "success"
     assert outcome(pooled) == outcome(plain)
@@ -348,7 +351,7 @@ def test_a_failed_pooled_node_skips_its_dependents_in_other_lanes_and_a_replan_r
         execution=NodeExecution(retries=0),
         overrides={"fetch": {"permanent": "404", "fail_nodes": ["c"]}},
     )
-    first, second = run_chain(dag, {"goal": "mixed lanes"})
+    first, second = run_session(dag, {"goal": "mixed lanes"}).runs
     states = {n: ti["state"] for n, ti in node_tis(first).items()}
     assert states == {
         "a": "success",
@@ -388,7 +391,7 @@ def test_a_pool_the_dag_has_no_lane_for_fails_planning_naming_node_tool_and_pool
     """The registry changed since the DAG was parsed: a pooled node must not run unprotected."""
     dag = build("lanes_missing", CallLog(tmp_path))
     dag.get_task("plan").lanes = [API]  # as if parsed before `heavy` took two slots
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     assert str(run.state) == "failed"
     result = xcom(run, "finalize")
     assert result["reason"] == "no_plan"

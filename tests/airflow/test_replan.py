@@ -9,8 +9,9 @@ import pytest
 
 from airflow_plan_provider import Budgets, Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
-from tests.airflow.support import run_chain, task_states, xcom
+from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -21,10 +22,6 @@ def build(dag_id, planner, tools, **options):
     options.setdefault("limits", Limits(max_depth=4))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
-
-
-def final_result(runs):
-    return xcom(runs[-1], "finalize")
 
 
 def linear(*steps: tuple[str, str], goal: str = "linear goal") -> dict:
@@ -38,7 +35,8 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     tools = seed_tools(log, query_deploys={"replan": "no deploys yesterday"})
     revised = seed_revision()
     planner = ScriptedPlanner(seed_plan(), on_error=[("no deploys", revised)])
-    runs = run_chain(build("seed_replan", planner, tools), {"goal": "find why the payment API got slow"})
+    session = run_session(build("seed_replan", planner, tools), {"goal": "find why the payment API got slow"})
+    runs = session.runs
 
     assert len(runs) == 2
     first = task_states(runs[0])
@@ -46,25 +44,32 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     assert str(runs[1].state) == "success"
     # every tool ran exactly once across the chain: 1-4 reused, not re-executed
     assert {t.name: log.count(t.name) for t in tools} == dict.fromkeys((t.name for t in tools), 1)
-    result = final_result(runs)
-    assert (result["status"], result["reason"]) == ("completed", "goal_met")
-    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
-    assert "no deploys" in result["revisions"][0]["reason"]
-    assert result["outputs"]["6"] == {"report": {"inputs": ["health", "latency"]}}
-    reused = sorted(r["node_id"] for r in result["history"] if r["reused"])
+    result = session.result
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.revisions[0].diff.model_dump() == {"removed": [], "added": [], "revised": ["5"]}
+    assert "no deploys" in result.revisions[0].reason
+    assert result.outputs["6"] == {"report": {"inputs": ["health", "latency"]}}
+    reused = sorted(r.node_id for r in result.history if r.reused)
     assert reused == ["1", "2", "3", "4"]
-    assert [r["revision"] for r in result["history"]].count(1) == 6
-    assert result["usage"]["replans"] == 1 and result["usage"]["steps"] == 6
-    assert result["run_ids"] == [r.run_id for r in runs]
-    assert any(e["type"] == "plan.diff" for e in result["events"])
+    assert [r.revision for r in result.history].count(1) == 6
+    assert (result.usage.replans, result.usage.steps) == (1, 6)
+    assert result.run_ids == session.run_ids == [r.run_id for r in runs]
+    assert any(e.type == "plan.diff" for e in result.events)
+    # the root run's replan task ran, found revision 1 finished, and reports the whole session
+    assert task_states(runs[0])["replan"] == "success"
+    assert xcom(runs[0], "replan") == xcom(runs[1], "finalize") == result.model_dump(mode="json")
 
 
 def test_linear_success_needs_no_replan(tmp_path):
     log = CallLog(tmp_path)
     tools = [ScriptedTool(t, log=log, returns=t) for t in ("a", "b", "c")]
-    runs = run_chain(build("linear_ok", ScriptedPlanner(linear(("1", "a"), ("2", "b"), ("3", "c"))), tools))
-    assert len(runs) == 1 and str(runs[0].state) == "success"
-    assert final_result(runs)["revisions"] == []
+    session = run_session(
+        build("linear_ok", ScriptedPlanner(linear(("1", "a"), ("2", "b"), ("3", "c"))), tools)
+    )
+    assert [run.state for run in session.runs] == ["success"]
+    assert session.runs[0].node_states == dict.fromkeys("123", "success")
+    assert session.result.status == "completed" and session.result.revisions == []
+    assert task_states(session.runs[0])["replan"] == "skipped"
 
 
 def test_mid_plan_failure_replans_once_and_completes(tmp_path):
@@ -83,11 +88,11 @@ def test_mid_plan_failure_replans_once_and_completes(tmp_path):
         "edges": [{"from": "1", "to": "2b"}],
     }
     planner = ScriptedPlanner(linear(("1", "a"), ("2", "b"), ("3", "c")), on_error=[("403", around)])
-    runs = run_chain(build("linear_replan", planner, tools), {"goal": "g"})
-    assert len(runs) == 2 and str(runs[-1].state) == "success"
-    result = final_result(runs)
-    assert result["status"] == "completed"
-    assert result["revisions"][0]["diff"] == {"removed": ["2"], "added": ["2b"], "revised": ["3"]}
+    session = run_session(build("linear_replan", planner, tools), {"goal": "g"})
+    assert [run.state for run in session.runs] == ["success", "success"]
+    result = session.result
+    assert result.status == "completed"
+    assert result.revisions[0].diff.model_dump() == {"removed": ["2"], "added": ["2b"], "revised": ["3"]}
     assert (log.count("a"), log.count("b"), log.count("b2"), log.count("c")) == (1, 1, 1, 1)
 
 
@@ -103,11 +108,16 @@ def test_two_replans_then_complete(tmp_path):
         linear(("1", "a"), ("2", "b")),
         on_error=[("broken b2", linear(("3", "b3"))), ("broken b", linear(("2x", "b2")))],
     )
-    runs = run_chain(build("two_replans", planner, tools), {"goal": "g"})
-    assert len(runs) == 3
-    result = final_result(runs)
-    assert (result["status"], result["usage"]["replans"]) == ("completed", 2)
-    assert [r["diff"]["added"] for r in result["revisions"]] == [["2x"], ["3"]]
+    session = run_session(build("two_replans", planner, tools), {"goal": "g"})
+    assert [run.revision for run in session.runs] == [0, 1, 2]
+    result = session.result
+    assert (result.status, result.usage.replans) == ("completed", 2)
+    assert [r.diff.added for r in result.revisions] == [["2x"], ["3"]]
+    assert [run.node_states for run in session.runs] == [
+        {"1": "success", "2": "failed"},
+        {"1": "success", "2x": "failed"},
+        {"1": "success", "3": "success"},
+    ]
     assert log.count("a") == 1
 
 
@@ -118,11 +128,10 @@ def test_replans_exhausted(tmp_path):
         linear(("1", "a"), ("2", "b")),
         on_error=[("still broken", lambda req: linear((f"r{req.revision}", "b")))],
     )
-    runs = run_chain(build("replans_out", planner, tools, budgets=Budgets(max_replans=2)), {"goal": "g"})
-    assert len(runs) == 3
-    result = final_result(runs)
-    assert (result["status"], result["reason"]) == ("failed", "replan_budget")
-    assert str(runs[-1].state) == "failed"
+    session = run_session(build("replans_out", planner, tools, budgets=Budgets(max_replans=2)), {"goal": "g"})
+    assert (session.result.status, session.result.reason) == ("failed", "replan_budget")
+    # every run of a failed session fails: the last by its finalize, the others by their replan task
+    assert [run.state for run in session.runs] == ["failed", "failed", "failed"]
     assert log.count("a") == 1 and log.count("b") == 3
 
 
@@ -130,11 +139,10 @@ def test_step_budget_exhausted(tmp_path):
     log = CallLog(tmp_path)
     tools = [ScriptedTool(t, log=log, returns=t) for t in ("a", "b", "c")]
     planner = ScriptedPlanner(linear(("1", "a"), ("2", "b"), ("3", "c")))
-    runs = run_chain(build("steps_out", planner, tools), {"goal": "g", "max_steps": 2})
-    result = final_result(runs)
-    assert (result["status"], result["reason"]) == ("failed", "step_budget")
+    session = run_session(build("steps_out", planner, tools), {"goal": "g", "max_steps": 2})
+    assert (session.result.status, session.result.reason) == ("failed", "step_budget")
     assert log.count("c") == 0 and log.count() == 2
-    assert str(runs[-1].state) == "failed"
+    assert [run.state for run in session.runs] == ["failed"]
 
 
 def test_step_budget_holds_across_replans(tmp_path):
@@ -147,19 +155,18 @@ def test_step_budget_holds_across_replans(tmp_path):
     planner = ScriptedPlanner(
         linear(("1", "a"), ("2", "b")), on_error=[("broken", linear(("3", "c"), ("4", "c")))]
     )
-    runs = run_chain(build("steps_chain", planner, tools), {"goal": "g", "max_steps": 3})
-    result = final_result(runs)
-    assert (result["status"], result["reason"]) == ("failed", "step_budget")
+    result = run_session(build("steps_chain", planner, tools), {"goal": "g", "max_steps": 3}).result
+    assert (result.status, result.reason) == ("failed", "step_budget")
     assert log.count("c") == 1  # 2 steps in revision 0, 1 left for revision 1
 
 
 def test_no_plan(tmp_path):
-    runs = run_chain(
+    session = run_session(
         build("no_plan", ScriptedPlanner(None), [ScriptedTool("a", log=CallLog(tmp_path))]), {"goal": "g"}
     )
-    result = final_result(runs)
-    assert (result["status"], result["reason"]) == ("failed", "no_plan")
-    assert task_states(runs[0])["plan"] == "failed"
+    assert (session.result.status, session.result.reason) == ("failed", "no_plan")
+    assert task_states(session.runs[0])["plan"] == "failed"
+    assert session.runs[0].node_states == {}
 
 
 def test_replan_that_changes_a_locked_node_is_rejected_and_asked_again(tmp_path):
@@ -185,10 +192,9 @@ def test_replan_that_changes_a_locked_node_is_rejected_and_asked_again(tmp_path)
         }
 
     planner = ScriptedPlanner(linear(("1", "a"), ("2", "b")), on_error=[("broken", replacement)])
-    runs = run_chain(build("locked_guard", planner, tools), {"goal": "g"})
-    result = final_result(runs)
-    assert result["status"] == "completed"
-    diff_event = next(e for e in result["events"] if e["type"] == "plan.diff")
-    assert diff_event["data"]["attempts"] == 2
-    assert diff_event["data"]["rejected"][0][0]["code"] == "locked_changed"
+    result = run_session(build("locked_guard", planner, tools), {"goal": "g"}).result
+    assert result.status == "completed"
+    diff_event = next(e for e in result.events if e.type == "plan.diff")
+    assert diff_event.data["attempts"] == 2
+    assert diff_event.data["rejected"][0][0]["code"] == "locked_changed"
     assert log.count("a") == 1

@@ -12,8 +12,9 @@ import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
+from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
-from tests.airflow.support import run_chain, run_dag, task_states, xcom
+from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -31,7 +32,7 @@ def build(dag_id: str, planner: Any, tools: list[Any], **options: Any) -> Any:
 def test_a_run_that_replanned_reports_the_request_not_a_failure(tmp_path):
     log = CallLog(tmp_path)
     planner, tools = seed_replan_story(log)
-    runs = run_chain(build("pages_replanned", planner, tools), {"goal": GOAL})
+    runs = run_session(build("pages_replanned", planner, tools), {"goal": GOAL}).runs
     root, child = runs
 
     assert task_states(root)["finalize"] == "success"
@@ -57,7 +58,7 @@ def test_an_invalid_ready_plan_is_rejected_with_its_problems_at_once(tmp_path):
     bad["edges"].append({"from": "6", "to": "1"})
     bad["nodes"][0]["tool"] = "no_such_tool"
     dag = build("pages_ready_invalid", planner, seed_tools(CallLog(tmp_path)))
-    run = run_dag(dag, {"goal": GOAL, "plan": bad})
+    run = run_plan_dag(dag, {"goal": GOAL, "plan": bad})
 
     assert task_states(run)["plan"] == "failed"
     result = xcom(run, "finalize")
@@ -74,7 +75,7 @@ def test_a_failed_node_of_a_ready_plan_ends_the_session_with_its_error(tmp_path)
     tools = seed_tools(log, query_deploys={"permanent": "deploy API says 403"})
     # the DAG's planner has a revision for this error, but a ready plan is never replanned
     planner = ScriptedPlanner(seed_plan(), on_error=[("403", seed_revision())])
-    runs = run_chain(build("pages_ready_fails", planner, tools), {"goal": GOAL, "plan": seed_plan()})
+    runs = run_session(build("pages_ready_fails", planner, tools), {"goal": GOAL, "plan": seed_plan()}).runs
 
     assert len(runs) == 1  # no replan run that cannot help
     assert xcom(runs[0], "finalize", key="replan_conf") is None
@@ -94,7 +95,7 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
     plan = seed_plan(optional_4_to_5=True)
     plan["nodes"][0]["params"] = {"service": "payment-api", "token": "s3cr3t-token-value"}
     tools = seed_tools(log, query_error_logs={"permanent": "log service down"}, query_deploys={"sleep": 0.2})
-    run = run_dag(build("pages_node_logs", ScriptedPlanner(plan), tools, replan=False), {"goal": GOAL})
+    run = run_plan_dag(build("pages_node_logs", ScriptedPlanner(plan), tools, replan=False), {"goal": GOAL})
     text = capfd.readouterr()
     logs = text.out + text.err
 
@@ -118,7 +119,7 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
 def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
     log = CallLog(tmp_path)
     planner, tools = seed_replan_story(log)
-    run_chain(build("pages_skip_reuse", planner, tools), {"goal": GOAL})
+    run_session(build("pages_skip_reuse", planner, tools), {"goal": GOAL})
     text = capfd.readouterr()
     logs = text.out + text.err
     assert "node 5 skipped because parent 3 requested a replan" in logs

@@ -1,0 +1,110 @@
+"""The in-process session runner: every revision of a session under ``dag.test()``, with its outcome."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from airflow_plan_provider import Budgets, NodeExecution
+from airflow_plan_provider.plan.session import replan_run_id
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.in_process import SessionError, run_session
+from tests.airflow.support import task_states, xcom
+
+pytestmark = pytest.mark.airflow
+
+PLAN = {
+    "goal": "load the export",
+    "nodes": [
+        {"id": "fetch", "action": "fetch the export", "tool": "fetch", "params": {}},
+        {"id": "load", "action": "load it", "tool": "load", "params": {"rows": "${fetch.rows}"}},
+        {"id": "report", "action": "report", "tool": "report", "params": {"loaded": "${load}"}},
+    ],
+    "edges": [{"from": "fetch", "to": "load"}, {"from": "load", "to": "report"}],
+}
+# the revision: node "load" in batches, with another tool; "report" as before
+REVISED_LOAD = {
+    "nodes": [
+        {"id": "load", "action": "load it in batches", "tool": "load_batches", "params": {"rows": 3}},
+        PLAN["nodes"][2],
+    ],
+    "edges": [PLAN["edges"][1]],
+}
+
+
+def build(dag_id, log, **options):
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    tools = scripted_registry(
+        ScriptedTool("fetch", log=log, returns={"rows": 3}),
+        ScriptedTool("load", log=log, permanent="quota exceeded"),
+        ScriptedTool("load_batches", log=log, returns=lambda params: f"{params['rows']} rows in batches"),
+        ScriptedTool("report", log=log, returns=lambda params: {"report": params["loaded"]}),
+    )
+    planner = ScriptedPlanner(PLAN, on_error=[("quota exceeded", REVISED_LOAD)])
+    execution = NodeExecution(retries=0, retry_delay=timedelta(0))
+    return build_plan_dag(dag_id, planner=planner, tools=tools, execution=execution, **options)
+
+
+def test_a_session_that_replans_once_completes_in_two_runs(tmp_path):
+    log = CallLog(tmp_path)
+    session = run_session(build("inproc_replans_once", log), {"goal": "load the export"})
+
+    root, child = session.runs
+    assert session.run_ids == [root.run_id, replan_run_id(root.run_id, 1)] == session.result.run_ids
+    assert [(run.revision, run.state) for run in session.runs] == [(0, "success"), (1, "success")]
+    assert root.node_states == {"fetch": "success", "load": "failed", "report": "skipped"}
+    assert child.node_states == {"fetch": "success", "load": "success", "report": "success"}
+
+    result = session.result
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.revisions[0].diff.revised == ["load"]
+    assert result.outputs == {
+        "fetch": {"rows": 3},
+        "load": "3 rows in batches",
+        "report": {"report": "3 rows in batches"},
+    }
+    assert [(r.revision, r.node_id, r.status, r.reused) for r in result.history if r.node_id == "fetch"] == [
+        (0, "fetch", "success", False),
+        (1, "fetch", "success", True),
+    ]
+    assert (log.count("fetch"), log.count("load"), log.count("load_batches")) == (1, 1, 1)
+    # the root run's replan task really ran: it reports the session, as on a scheduler
+    assert task_states(root)["replan"] == "success"
+    assert xcom(root, "replan") == result.model_dump(mode="json")
+
+
+def test_without_replans_a_failed_node_fails_the_session(tmp_path):
+    log = CallLog(tmp_path)
+    session = run_session(
+        build("inproc_no_replans", log, budgets=Budgets(max_replans=0)), {"goal": "load the export"}
+    )
+
+    [run] = session.runs
+    assert (run.revision, run.state) == (0, "failed")
+    assert run.node_states == {"fetch": "success", "load": "failed", "report": "skipped"}
+    result = session.result
+    assert (result.status, result.reason) == ("failed", "node_failed")
+    assert result.run_ids == [run.run_id]
+    assert result.outputs == {"fetch": {"rows": 3}}
+    [load] = [r for r in result.history if r.node_id == "load"]
+    assert (load.status, load.error) == ("failed", "load: quota exceeded")
+    assert log.count("load_batches") == 0
+
+
+def test_a_session_longer_than_max_runs_is_an_error_not_a_hang(tmp_path):
+    log = CallLog(tmp_path)
+    with pytest.raises(SessionError, match="more than max_runs=1 runs"):
+        run_session(build("inproc_max_runs", log), {"goal": "load the export"}, max_runs=1)
+    assert log.count("load_batches") == 0  # the second revision never ran
+
+
+def test_a_dag_that_is_not_a_plan_dag_is_refused():
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG
+
+    with DAG("inproc_not_a_plan", schedule=None) as dag:
+        EmptyOperator(task_id="plan")
+    with pytest.raises(ValueError, match=r"'inproc_not_a_plan' is not a plan DAG .* no task 'finalize'"):
+        run_session(dag, {"goal": "g"})
