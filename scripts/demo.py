@@ -14,9 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sessions import node_states, session_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DAG_ID = "plan_and_execute"
@@ -39,14 +37,13 @@ def main() -> int:
         state = cluster.wait_for_run(DAG_ID, run_id, timeout=600)
         runs = sorted(cluster.list_runs(DAG_ID), key=lambda r: r["dag_run_id"])
         for run in runs:
-            nodes = node_states(cluster, DAG_ID, run["dag_run_id"])
+            nodes = cluster.node_states(DAG_ID, run["dag_run_id"])
             print(f"  run {run['dag_run_id']}: {run['state']}  nodes {dict(sorted(nodes.items()))}")
-        raw = session_result(cluster, DAG_ID, run_id)
-        if raw is None:
+        result = cluster.session_result(DAG_ID, run_id)
+        if result is None:
             print(f"run {run_id} ended {state} without a SessionResult", file=sys.stderr)
             print(cluster.diagnostics(), file=sys.stderr)
             return 1
-        result = SessionResult.model_validate(raw)
         print()
         print(result.summary_text())
         report = (

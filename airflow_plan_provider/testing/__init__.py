@@ -1,4 +1,5 @@
-"""Test helpers: scripted planners and tools, an OpenAI-compatible server, a real Airflow cluster."""
+"""Test helpers: scripted planners and tools, an OpenAI-compatible server (``openai_server``), a whole
+session in-process under ``dag.test()`` (``in_process``), a real Airflow cluster (``cluster``)."""
 
 from __future__ import annotations
 

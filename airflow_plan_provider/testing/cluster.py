@@ -8,9 +8,14 @@ through the public REST API (``/api/v2``). With ``database_url`` (PostgreSQL, e.
 ``celery_workers`` it runs the ``CeleryExecutor`` instead, with one ``airflow celery worker`` process per
 worker name; each worker reports its name as the Airflow hostname of the task instances it runs.
 
-This module deliberately does not import Airflow: everything goes through subprocesses and HTTP, using
-only the standard library, so importing it is cheap and it cannot pollute the test process's Airflow
-configuration.
+This module deliberately does not import Airflow: everything goes through subprocesses and HTTP (the
+standard library, and the provider's pure core to read a session's result), so importing it is cheap
+and it cannot pollute the test process's Airflow configuration.
+
+A failed wait raises :class:`ClusterTimeout`, a component that exited :class:`ComponentCrashed` (both
+:class:`ClusterError`, with the components' log tails). Every process the cluster starts is stopped by
+``stop()``, and, if the process that started the cluster dies first (even by SIGKILL), by a watchdog
+process (:mod:`~airflow_plan_provider.testing.watchdog`).
 
 Example::
 
@@ -19,6 +24,7 @@ Example::
         cluster.unpause("my_dag")
         run_id = cluster.trigger("my_dag", {"x": 1})
         assert cluster.wait_for_run("my_dag", run_id) == "success"
+        result = cluster.session_result("my_dag", run_id)  # a plan DAG's SessionResult
 
     with PostgresDatabase() as db, AirflowCluster(
         dags_folder,
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -51,7 +58,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPONENTS", "AirflowApiError", "AirflowCluster", "ClusterError", "worker_hostname"]
+from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
+from airflow_plan_provider.plan.result import SessionResult
+from airflow_plan_provider.testing.processes import family, pid_alive, signal_all, terminate_group
+
+__all__ = [
+    "COMPONENTS",
+    "AirflowApiError",
+    "AirflowCluster",
+    "ClusterError",
+    "ClusterTimeout",
+    "ComponentCrashed",
+    "async_database_url",
+    "worker_hostname",
+]
 
 #: Long-running components, in start order (Celery workers, when configured, start after them).
 COMPONENTS: tuple[str, ...] = ("api-server", "dag-processor", "scheduler", "triggerer")
@@ -82,7 +102,32 @@ _LOG_CONTEXT_KEYS = frozenset(
 
 
 class ClusterError(RuntimeError):
-    """Raised when the cluster fails to start or a wait times out; the message has the log tails."""
+    """The cluster failed or was misused; the message says why, followed by ``diagnostics`` when known.
+
+    :param message: what went wrong.
+    :param diagnostics: the components' process states and log tails (:meth:`AirflowCluster.diagnostics`).
+    """
+
+    def __init__(self, message: str, diagnostics: str = "") -> None:
+        super().__init__(f"{message}\n{diagnostics}" if diagnostics else message)
+        self.reason = message
+        self.diagnostics = diagnostics
+
+
+class ClusterTimeout(ClusterError):
+    """A wait ran out of time (the API never answered, a DAG was not parsed, a run did not finish) while
+    every component was still running."""
+
+
+class ComponentCrashed(ClusterError):
+    """A component exited while the cluster was in use (or ``airflow db migrate`` failed).
+
+    :param exit_codes: component name → its exit code.
+    """
+
+    def __init__(self, message: str, diagnostics: str = "", *, exit_codes: Mapping[str, int | None]) -> None:
+        super().__init__(message, diagnostics)
+        self.exit_codes = dict(exit_codes)
 
 
 class AirflowApiError(RuntimeError):
@@ -128,6 +173,56 @@ def _check_executor(
             )
 
 
+#: Database dialect → (sync drivers Airflow may be given, the asyncio driver it uses beside them).
+_DRIVERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sqlite": (("pysqlite",), "aiosqlite"),
+    "postgresql": (("psycopg2", "psycopg"), "asyncpg"),
+}
+
+
+def _split_url(url: str) -> tuple[str, str | None, str]:
+    """``dialect[+driver]:rest`` → (dialect, driver or None, rest)."""
+    scheme, sep, rest = url.partition(":")
+    dialect, _, driver = scheme.partition("+")
+    if not sep or dialect not in _DRIVERS:
+        raise ValueError(
+            f"database_url must start with one of {sorted(_DRIVERS)} (e.g. postgresql+psycopg2://), "
+            f"not {scheme!r}"
+        )
+    return dialect, driver or None, rest
+
+
+def async_database_url(url: str) -> str:
+    """The asyncio URL of the metadata database at ``url`` (``[database] sql_alchemy_conn_async``).
+
+    The same database through the dialect's asyncio driver (``aiosqlite``, ``asyncpg``), as Airflow 3.3
+    derives it; libpq's ``sslmode`` becomes asyncpg's ``ssl``, which asyncpg accepts with the same values.
+    """
+    dialect, _driver, rest = _split_url(url)
+    async_url = f"{dialect}+{_DRIVERS[dialect][1]}:{rest}"
+    if dialect == "postgresql":
+        parts = urllib.parse.urlsplit(async_url)
+        query = [
+            ("ssl" if key == "sslmode" else key, value) for key, value in urllib.parse.parse_qsl(parts.query)
+        ]
+        async_url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    return async_url
+
+
+def _check_database_url(url: str) -> None:
+    """Refuse a metadata-DB URL Airflow could not open, naming the driver to install."""
+    dialect, driver, _rest = _split_url(url)
+    sync_drivers, async_driver = _DRIVERS[dialect]
+    if driver is not None and driver not in sync_drivers:
+        raise ValueError(f"database_url driver {driver!r} is not one of {list(sync_drivers)} for {dialect}")
+    sync_module = {"pysqlite": "sqlite3"}.get(driver or sync_drivers[0], driver or sync_drivers[0])
+    for module in (sync_module, async_driver):
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"database_url {dialect} needs the {module!r} driver installed (pip install {module})"
+            )
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -154,117 +249,6 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-# --------------------------------------------------------------------------------------------------
-# Process-table helpers (Linux /proc; psutil if importable; degrade to process-group kill otherwise)
-# --------------------------------------------------------------------------------------------------
-
-
-def _proc_table() -> dict[int, tuple[int, int, int, str]] | None:
-    """``pid -> (ppid, pgid, sid, state)`` for every live process, or None if unavailable."""
-    table: dict[int, tuple[int, int, int, str]] = {}
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                raw = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # "pid (comm) state ppid pgrp session ..." -- comm may contain spaces/parens.
-            rest = raw[raw.rfind(")") + 2 :].split()
-            try:
-                table[int(entry.name)] = (int(rest[1]), int(rest[2]), int(rest[3]), rest[0])
-            except (IndexError, ValueError):
-                continue
-        return table
-    try:
-        import psutil
-    except ImportError:
-        return None
-    for p in psutil.process_iter():
-        try:
-            pid = p.pid
-            table[pid] = (p.ppid(), os.getpgid(pid), os.getsid(pid), "Z" if p.status() == "zombie" else "R")
-        except (psutil.Error, OSError):
-            continue
-    return table
-
-
-def _family(root_pids: Iterable[int]) -> set[int]:
-    """Live (non-zombie) processes belonging to the given component roots.
-
-    A process belongs to a root if it is a descendant of it, or if it is in the session the root leads
-    (components are started with ``start_new_session=True``); task processes call ``setpgid(0, 0)`` so
-    they escape the component's process group but not its session, and they stay in the session even
-    after being re-parented to init.
-    """
-    roots = set(root_pids)
-    table = _proc_table()
-    if table is None:
-        return {pid for pid in roots if pid_alive(pid)}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgid, _sid, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    stack = [pid for pid in roots if pid in table]
-    stack += [pid for pid, (_p, _g, sid, _s) in table.items() if sid in roots]
-    while stack:
-        pid = stack.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        stack.extend(children.get(pid, ()))
-    found.discard(os.getpid())
-    return {pid for pid in found if table[pid][3] != "Z"}
-
-
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-        return state[state.rfind(")") + 2] != "Z"
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return True
-
-
-def _signal_all(pids: Iterable[int], sig: int) -> None:
-    pgids: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            pgids.add(os.getpgid(pid))
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
-    own = os.getpgid(0)
-    for pgid in pgids - {own}:
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, sig)
-
-
-def _terminate_group(pid: int) -> None:
-    """SIGTERM the process group led by ``pid`` (components are started as session/group leaders)."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-
-
-# --------------------------------------------------------------------------------------------------
-
-
 class AirflowCluster:
     """A real multi-process Airflow deployment on a temporary ``AIRFLOW_HOME``.
 
@@ -272,13 +256,16 @@ class AirflowCluster:
     :param home: ``AIRFLOW_HOME`` to use; a fresh temporary directory (removed on ``stop``) if omitted.
     :param env: extra environment entries merged last (e.g. ``AIRFLOW_CONN_*``, ``PYTHONPATH``,
         ``AIRFLOW__SECTION__KEY`` overrides).
-    :param parallelism: ``[core] parallelism`` (LocalExecutor worker count).
+    :param parallelism: ``[core] parallelism`` (LocalExecutor worker count); Airflow's default, 32.
     :param startup_timeout: seconds ``start()`` waits for the API server to answer.
     :param keep_home: keep a temporary home after ``stop()`` (for debugging). An explicit ``home`` is
         never removed.
     :param port: the API server's port on 127.0.0.1; a free one if omitted.
-    :param database_url: SQLAlchemy URL of the metadata database; a SQLite file in ``home`` if omitted.
-        The async URL Airflow derives from it needs the matching driver (``asyncpg`` for PostgreSQL).
+    :param database_url: SQLAlchemy URL of the metadata database, ``sqlite:///...`` or
+        ``postgresql[+psycopg2]://...`` (a :class:`~airflow_plan_provider.testing.postgres.PostgresDatabase`'s
+        ``url``); a SQLite file in ``home`` if omitted. Airflow 3.3 also opens the database through an asyncio
+        driver: the cluster sets that URL too (:func:`async_database_url`), and refuses a URL whose
+        drivers are not installed.
     :param executor: ``[core] executor``; ``CeleryExecutor`` when ``celery_workers`` are given, else
         ``LocalExecutor``.
     :param broker_url: Celery broker (e.g. ``redis://127.0.0.1:6379/0``); required by the CeleryExecutor.
@@ -298,7 +285,7 @@ class AirflowCluster:
         *,
         home: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
-        parallelism: int = 8,
+        parallelism: int = 32,
         startup_timeout: float = 120.0,
         keep_home: bool = False,
         port: int | None = None,
@@ -312,6 +299,8 @@ class AirflowCluster:
         self.workers = tuple(celery_workers)
         self.executor = executor or ("CeleryExecutor" if self.workers else "LocalExecutor")
         _check_executor(self.executor, self.workers, database_url, broker_url)
+        if database_url is not None:
+            _check_database_url(database_url)
         self.dags_folder = Path(dags_folder).resolve()
         self._own_home = home is None
         self.home = Path(tempfile.mkdtemp(prefix="airflow-e2e-")) if home is None else Path(home).resolve()
@@ -323,6 +312,8 @@ class AirflowCluster:
         self.parallelism = parallelism
         self.port = port or _free_port()
         self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
+        #: The same database through its asyncio driver (``[database] sql_alchemy_conn_async``).
+        self.async_database_url = async_database_url(self.database_url)
         self.broker_url = broker_url
         self.result_backend = result_backend or f"db+{self.database_url}"
         self.worker_concurrency = worker_concurrency
@@ -333,6 +324,7 @@ class AirflowCluster:
         self._log_handles: dict[str, Any] = {}
         self._started_pids: list[int] = []
         self._token: str | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._airflow = _airflow_command()
         self.env = self._build_env(env or {})
 
@@ -350,6 +342,7 @@ class AirflowCluster:
             "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
             # --- core / db / executor
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.async_database_url,
             "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
@@ -421,27 +414,84 @@ class AirflowCluster:
         self.stop()
 
     def start(self) -> AirflowCluster:
-        """Migrate the DB, start all components and wait until the API server answers."""
+        """Start the watchdog, migrate the DB, start all components and wait until the API server answers.
+
+        :raises ComponentCrashed: the migration failed or a component exited during start-up.
+        :raises ClusterTimeout: the API server did not answer within ``startup_timeout`` seconds.
+        """
+        self._start_watchdog()
         self._migrate()
         for component in self.components:
             self._spawn(component)
         self._wait_api_up(self.startup_timeout)
         return self
 
+    def _start_watchdog(self) -> None:
+        """Start the process that stops every component if this process dies without stopping them
+        (see :mod:`~airflow_plan_provider.testing.watchdog`)."""
+        if self._watchdog is not None and self._watchdog.poll() is None:
+            return
+        temporary_home = self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME")
+        with (self.log_dir / "watchdog.log").open("ab") as log:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-m", f"{__package__}.watchdog", str(os.getpid())]
+                + ([str(self.home)] if temporary_home else []),
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,  # outlives a kill of this process's group, too
+            )
+
+    def _tell_watchdog(self, line: str) -> None:
+        watchdog = self._watchdog
+        if watchdog is None or watchdog.stdin is None or watchdog.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            watchdog.stdin.write(f"{line}\n".encode())
+            watchdog.stdin.flush()
+
+    def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        if watchdog.poll() is None and watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                watchdog.stdin.write(b"stop\n")
+                watchdog.stdin.close()
+        try:
+            watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
+
     def _migrate(self) -> None:
         log = self.log_dir / "db-migrate.log"
         with log.open("ab") as fh:
-            rc = subprocess.call(
+            proc = subprocess.Popen(
                 [*self._airflow, "db", "migrate"],
                 env=self.env,
                 cwd=self.home,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                timeout=300,
+                start_new_session=True,
             )
+            self._tell_watchdog(f"start {proc.pid}")
+            try:
+                rc = proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                terminate_group(proc.pid)
+                proc.wait()
+                raise ClusterTimeout(
+                    "`airflow db migrate` did not finish within 300s", _tail(log, 60)
+                ) from None
+            finally:
+                self._tell_watchdog(f"end {proc.pid}")
         if rc != 0:
-            raise ClusterError(f"`airflow db migrate` exited {rc}\n{_tail(log, 60)}")
+            raise ComponentCrashed(
+                f"`airflow db migrate` exited {rc}", _tail(log, 60), exit_codes={"db-migrate": rc}
+            )
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -502,6 +552,7 @@ class AirflowCluster:
             old.close()
         self._log_handles[component] = fh
         self._started_pids.append(proc.pid)
+        self._tell_watchdog(f"start {proc.pid}")
         return proc
 
     def _stop_component(
@@ -520,25 +571,26 @@ class AirflowCluster:
         proc = self._procs.get(component)
         if proc is None:
             return
-        family = _family([proc.pid]) | {proc.pid}
+        members = family([proc.pid]) | {proc.pid}
         if graceful and proc.poll() is None:
             if not signalled:
-                _terminate_group(proc.pid)
+                terminate_group(proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, timeout))
         for _ in range(100):
-            family = {p for p in family | _family([proc.pid]) if pid_alive(p)}
-            if not family:
+            members = {p for p in members | family([proc.pid]) if pid_alive(p)}
+            if not members:
                 break
-            _signal_all(family, signal.SIGKILL)
+            signal_all(members, signal.SIGKILL)
             proc.poll()
             time.sleep(0.05)
         else:  # pragma: no cover - would need an unkillable (D-state) process
-            raise ClusterError(f"could not kill {component} processes {sorted(family)}")
+            raise ClusterError(f"could not kill {component} processes {sorted(members)}")
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         # Forget it: its pid may be reused by an unrelated process from now on.
         self._procs.pop(component, None)
+        self._tell_watchdog(f"end {proc.pid}")
         fh = self._log_handles.pop(component, None)
         if fh is not None:
             fh.close()
@@ -552,11 +604,12 @@ class AirflowCluster:
         # SIGTERM every component first so they shut down in parallel, then reap them one by one.
         for proc in self._procs.values():
             if proc.poll() is None:
-                _terminate_group(proc.pid)
+                terminate_group(proc.pid)
         deadline = time.monotonic() + timeout
         for component in list(self._procs):
             self._stop_component(component, deadline - time.monotonic(), signalled=True)
         self._forget_queue()
+        self._stop_watchdog()
         if self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME"):
             shutil.rmtree(self.home, ignore_errors=True)
 
@@ -606,7 +659,7 @@ class AirflowCluster:
 
     def all_pids(self) -> set[int]:
         """Every live process belonging to the cluster (component roots, workers, task processes)."""
-        return _family(p.pid for p in self._procs.values())
+        return family(p.pid for p in self._procs.values())
 
     def is_running(self, component: str) -> bool:
         proc = self._procs.get(component)
@@ -625,14 +678,17 @@ class AirflowCluster:
             out.append(_tail(self.log_path(component), lines))
         return "\n".join(out)
 
-    def _fail(self, message: str) -> ClusterError:
-        return ClusterError(f"{message}\n{self.diagnostics()}")
+    def _timeout(self, message: str) -> ClusterTimeout:
+        self.check_alive()  # a component that exited is the cause, not the time
+        return ClusterTimeout(message, self.diagnostics())
 
     def check_alive(self) -> None:
-        """Raise ``ClusterError`` (with the log tails) if a started component has exited."""
+        """Raise :class:`ComponentCrashed` (with the log tails) if a started component has exited."""
         dead = {c: p.returncode for c, p in self._procs.items() if p.poll() is not None}
         if dead:
-            raise self._fail(f"component(s) exited unexpectedly: {dead}")
+            raise ComponentCrashed(
+                f"component(s) exited unexpectedly: {dead}", self.diagnostics(), exit_codes=dead
+            )
 
     # ------------------------------------------------------------------ HTTP
 
@@ -718,26 +774,9 @@ class AirflowCluster:
             except (OSError, urllib.error.URLError) as exc:
                 last = exc
             time.sleep(0.25)
-        raise self._fail(f"API server did not answer /api/v2/monitor/health within {timeout}s (last: {last})")
-
-    def health(self) -> dict[str, Any]:
-        return self.api("GET", "/monitor/health")
-
-    def wait_healthy(
-        self, components: Iterable[str] = ("scheduler", "triggerer", "dag_processor"), timeout: float = 60.0
-    ) -> dict[str, Any]:
-        """Wait until ``/monitor/health`` reports the given components (health-API names) healthy."""
-        comps = list(components)
-        deadline = time.monotonic() + timeout
-        health: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(OSError, AirflowApiError):
-                health = self.health()
-                if all((health.get(c) or {}).get("status") == "healthy" for c in comps):
-                    return health
-            time.sleep(0.5)
-        raise self._fail(f"components {comps} not healthy within {timeout}s: {health}")
+        raise self._timeout(
+            f"API server did not answer /api/v2/monitor/health within {timeout}s (last: {last})"
+        )
 
     # ------------------------------------------------------------------ REST helpers
 
@@ -768,7 +807,7 @@ class AirflowCluster:
             errors = json.dumps(self.import_errors(), indent=1)[:5000]
         except Exception as exc:
             errors = f"<could not fetch import errors: {exc}>"
-        raise self._fail(f"DAG {dag_id!r} not parsed within {timeout}s; import errors: {errors}")
+        raise self._timeout(f"DAG {dag_id!r} not parsed within {timeout}s; import errors: {errors}")
 
     def unpause(self, dag_id: str) -> dict[str, Any]:
         return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": False})
@@ -815,7 +854,7 @@ class AirflowCluster:
             ]
         except Exception as exc:
             tis = [f"<could not fetch task instances: {exc}>"]  # type: ignore[list-item]
-        raise self._fail(
+        raise self._timeout(
             f"run {dag_id}/{run_id} not in {sorted(wanted)} within {timeout}s (state={state}); "
             f"task instances: {tis}"
         )
@@ -849,6 +888,43 @@ class AirflowCluster:
             params={"map_index": map_index},
         )
         return res["value"]
+
+    def session_result(self, dag_id: str, run_id: str, group: str | None = None) -> SessionResult | None:
+        """The outcome of the plan session ``run_id`` started (or continues), as that run reports it.
+
+        ``finalize``'s result, or the rest of the chain's from the run's ``replan`` task when it
+        replanned (:func:`~airflow_plan_provider.operators.run_report.session_outcome`); None while
+        not known yet.
+
+        :param group: the task group of a plan built with ``plan_task_group`` (its tasks are
+            ``<group>.finalize``, ...); None for a plan DAG.
+        """
+        prefix = f"{group}." if group else ""
+
+        def return_value(task_id: str) -> Any:
+            try:
+                return self.xcom(dag_id, run_id, prefix + task_id)
+            except AirflowApiError as error:
+                if error.status == 404:
+                    return None
+                raise
+
+        return session_outcome(return_value)
+
+    def node_states(self, dag_id: str, run_id: str, group: str | None = None) -> dict[str, str]:
+        """Plan node id → state of its task instance in one run, read from each instance's
+        ``id · action`` label; an instance that never started has no label and is not listed.
+
+        :param group: only the nodes of the plan in this task group (``plan_task_group``).
+        """
+        prefix = f"{group}." if group else ""
+        states: dict[str, str] = {}
+        for ti in self.task_instances(dag_id, run_id):
+            labelled = ti["map_index"] >= 0 and ti["task_id"].startswith(prefix)
+            node_id = labelled_node(ti.get("rendered_map_index")) if labelled else None
+            if node_id is not None:
+                states[node_id] = ti["state"]
+        return states
 
     def task_log(
         self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1

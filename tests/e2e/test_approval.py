@@ -14,7 +14,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.sessions import session_result
+from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -87,31 +86,22 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("approval")
-    dags, home = base / "dags", base / "home"
-    dags.mkdir()
+    home = base / "home"
     home.mkdir()
-    for source in (APPROVAL_DAGS, ROOT / "dags" / "plan_and_execute.py", DAILY):
-        shutil.copy(source, dags)
-    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     passwords = {user: secrets.token_urlsafe(12) for user in ("admin", "alice", "mallory")}
     # the simple auth manager keeps (and would generate) its users' passwords in this file
     (home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps(passwords))
-    calls, reports = base / "calls", base / "reports"
     extra = {
-        "PLAN_E2E_CALL_LOG": str(calls),
-        "PLAN_REPORT_DIR": str(reports),
-        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
+        **demo_env(base),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,alice:admin,mallory:admin",
         # how often the scheduler resolves approvals whose response timeout has passed
         "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "1",
     }
-    t0 = time.monotonic()
-    with AirflowCluster(dags, home=home, env=extra, parallelism=8) as cluster:
-        for dag_id in DAG_IDS:
-            cluster.wait_for_dag(dag_id, timeout=120)
-        print(f"\n[e2e] cluster ready in {time.monotonic() - t0:.1f}s (home={cluster.home})")
-        state = Env(cluster, passwords, calls, reports)
+    dag_files = (APPROVAL_DAGS, DAILY, *EXAMPLE_FILES)
+    # unpaused after the backfill below is created
+    with plan_cluster(base, dag_files, DAG_IDS, env=extra, home=home, unpause=False) as cluster:
+        state = Env(cluster, passwords, base / "calls", base / "reports")
         # First, while the database is quiet (SQLite refuses a backfill under concurrent writes): three
         # daily runs at 00:00 UTC of the last three days, each reporting on the day before it.
         today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -196,9 +186,9 @@ def answer(env: Env, user: str, dag_id: str, run_id: str, option: str) -> tuple[
 
 def finish(env: Env, dag_id: str, run_id: str) -> tuple[str, dict[str, Any]]:
     state = env.cluster.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT)
-    result = session_result(env.cluster, dag_id, run_id)
+    result = env.cluster.session_result(dag_id, run_id)
     assert result is not None, env.cluster.diagnostics()
-    return state, result
+    return state, result.model_dump(mode="json")
 
 
 # ----------------------------------------------------------------------------------------------- tests
@@ -334,8 +324,8 @@ def test_backfill_of_three_days_writes_three_reports(env: Env) -> None:
         time.sleep(1)
     assert sorted(r["state"] for r in runs) == ["success"] * 3, (runs, cluster.diagnostics())
     for run in runs:
-        result = session_result(cluster, FROZEN, run["dag_run_id"])
-        assert result is not None and result["status"] == "completed"
+        result = cluster.session_result(FROZEN, run["dag_run_id"])
+        assert result is not None and result.status == "completed"
     reports = {day: sorted(env.reports.glob(f"{day}_{FROZEN}_*.md")) for day in env.backfill_days}
     assert {day: len(files) for day, files in reports.items()} == dict.fromkeys(env.backfill_days, 1)
     for day, [report] in reports.items():

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster, pid_alive
+from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.postgres import PostgresDatabase
-from airflow_plan_provider.testing.sessions import session_result
-from tests.e2e.conftest import CELERY_WORKERS, celery_cluster
+from airflow_plan_provider.testing.processes import pid_alive
+from tests.e2e.conftest import CELERY_WORKERS, EXAMPLE_FILES, celery_cluster, demo_env
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +31,7 @@ GOAL = "find why the payment API got slow yesterday and write a report"
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, PostgresDatabase]]:
     base = tmp_path_factory.mktemp("celery")
     extra = {
-        "PLAN_REPORT_DIR": str(base / "reports"),
-        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
+        **demo_env(base),
         # The triggerer's supervisor builds its in-process execution API on the first request of a
         # trigger (the replan's wait), and reads nothing from its trigger runner meanwhile: on a starved
         # 2-core machine that took over 30 s, tripping the runner watchdog (an error-level line).
@@ -41,7 +40,7 @@ def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCl
     # Two slots per worker: the four independent queries of the first layer cannot all fit on one.
     with celery_cluster(
         base,
-        [ROOT / "dags" / "plan_and_execute.py", ROOT / "dags" / "plan_demo"],
+        EXAMPLE_FILES,
         [EXAMPLE],
         env=extra,
         worker_concurrency=2,
@@ -60,11 +59,11 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
     runs = sorted(r["dag_run_id"] for r in cluster.list_runs(EXAMPLE))
     assert runs == [root, child]
 
-    result = session_result(cluster, EXAMPLE, root)
+    result = cluster.session_result(EXAMPLE, root)
     assert result is not None
-    assert (result["status"], result["reason"]) == ("completed", "goal_met")
-    assert result["run_ids"] == [root, child]
-    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.run_ids == [root, child]
+    assert result.revisions[0].diff.model_dump() == {"removed": [], "added": [], "revised": ["5"]}
 
     # Every task instance that ran went through this cluster's Celery queue to one of its workers, and
     # Airflow recorded the worker's own name as its hostname.
@@ -84,10 +83,10 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
     assert set(node_hosts.values()) == set(CELERY_WORKERS), node_hosts
 
     # A node's record names the worker that ran it, where records carry a hostname.
-    for record in result["history"]:
-        key = (result["run_ids"][record["revision"]], record["node_id"])
-        if record.get("hostname") and key in node_hosts and not record.get("reused"):
-            assert record["hostname"] == node_hosts[key], record
+    for record in result.history:
+        key = (result.run_ids[record.revision], record.node_id)
+        if record.hostname and key in node_hosts and not record.reused:
+            assert record.hostname == node_hosts[key], record
 
     # Nothing logged at error level in a normal session: no task log, no component log (workers included).
     assert error_lines(cluster.log_dir) == []

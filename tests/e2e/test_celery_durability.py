@@ -26,14 +26,12 @@ import pytest
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.sessions import session_result
-from tests.e2e.conftest import CELERY_WORKERS, celery_cluster
+from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, demo_env
 
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).resolve().parent / "dags" / "lost_worker_dags.py"
 DAG_ID = "e2e_lost_worker"  # as in dags/lost_worker_dags.py
-CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # as in dags/lost_worker_dags.py
 HEARTBEAT_TIMEOUT = 20
 # A task whose worker died stops heartbeating; the scheduler fails (and so retries) it once its last
 # heartbeat is older than the timeout, checking every detection interval (defaults 300 s and 10 s).
@@ -48,10 +46,9 @@ TARGETS = {"plan": ("plan", -1), "node": ("layer_0", 0), "finalize": ("finalize"
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, CallLog]]:
     base = tmp_path_factory.mktemp("lost-worker")
-    calls = base / "calls"
-    env = {CALL_LOG_ENV: str(calls), **LOST_TASK_SETTINGS}
+    env = {**demo_env(base), **LOST_TASK_SETTINGS}
     with celery_cluster(base, [DAG_FILE], [DAG_ID], env=env, worker_concurrency=2) as (running, _db):
-        yield running, CallLog(calls / DAG_ID)
+        yield running, CallLog(base / "calls" / DAG_ID)
 
 
 def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
@@ -109,9 +106,9 @@ def test_sessions_complete_after_their_worker_is_killed_in_plan_node_and_finaliz
     for hold, run_id in runs.items():
         state = cluster.wait_for_run(DAG_ID, run_id, timeout=240)
         assert state == "success", (hold, cluster.diagnostics())
-        result = session_result(cluster, DAG_ID, run_id)
-        assert result is not None and (result["status"], result["reason"]) == ("completed", "goal_met"), hold
-        assert result["outputs"]["b"] == {"node": "b", "performed": True}, hold
+        result = cluster.session_result(DAG_ID, run_id)
+        assert result is not None and (result.status, result.reason) == ("completed", "goal_met"), hold
+        assert result.outputs["b"] == {"node": "b", "performed": True}, hold
 
         task_id, map_index = TARGETS[hold]
         ti = task_instance(cluster, run_id, task_id, map_index)

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sessions import session_result
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e
@@ -111,13 +110,13 @@ def test_ten_sessions_of_twenty_nodes_with_a_pool_of_three(celery: Cluster) -> N
     api_hosts: set[str] = set()
     for session, run_id in runs.items():
         # nothing lost: every node's output is in the session's result, as the tools computed it
-        result = session_result(cluster, "e2e_pool_load", run_id)
+        result = cluster.session_result("e2e_pool_load", run_id)
         assert result is not None, run_id
-        assert (result["status"], result["reason"]) == ("completed", "goal_met"), result["message"]
-        assert result["outputs"] == dags.expected_outputs(session)
-        records = {r["node_id"]: r for r in result["history"]}
-        assert len(records) == 20 and {r["status"] for r in records.values()} == {"success"}
-        assert {r["hostname"] for r in records.values()} <= set(CELERY_WORKERS)
+        assert (result.status, result.reason) == ("completed", "goal_met"), result.message
+        assert result.outputs == dags.expected_outputs(session)
+        records = {r.node_id: r for r in result.history}
+        assert len(records) == 20 and {r.status for r in records.values()} == {"success"}
+        assert {r.hostname for r in records.values()} <= set(CELERY_WORKERS)
 
         tis = [ti for ti in cluster.task_instances("e2e_pool_load", run_id) if ti["map_index"] >= 0]
         by_node = {ti["rendered_map_index"].split(" · ")[0]: ti for ti in tis}
@@ -128,7 +127,7 @@ def test_ten_sessions_of_twenty_nodes_with_a_pool_of_three(celery: Cluster) -> N
             assert ti["task_id"] == (
                 "layer_0__rate_limited_api" if pooled else f"layer_{int(node.startswith('sum'))}"
             )
-            assert ti["hostname"] == records[node]["hostname"]
+            assert ti["hostname"] == records[node].hostname
             if pooled:
                 api_hosts.add(ti["hostname"])
     # the limit held across processes on both workers, not within one
@@ -144,9 +143,9 @@ def test_an_eager_plan_waits_across_lanes(celery: Cluster) -> None:
     state = cluster.wait_for_run("e2e_pool_eager", run_id, timeout=300)
     print(f"\n[e2e] eager plan with pooled nodes: {state} in {time.monotonic() - t0:.1f}s")
     assert state == "success", cluster.diagnostics()
-    result = session_result(cluster, "e2e_pool_eager", run_id)
+    result = cluster.session_result("e2e_pool_eager", run_id)
     assert result is not None
-    assert result["outputs"] == {
+    assert result.outputs == {
         "api0": {"session": 7, "n": 0, "value": 700},
         "local0": {"session": 7, "n": 0, "value": 7000},
         "api1": {"session": 7, "n": 7000, "value": 7700},

@@ -1,19 +1,32 @@
 """End-to-end tests of ``AirflowCluster``: a real scheduler/dag-processor/api-server/triggerer deployment.
 
 One cluster is shared by the whole module (start-up dominates the cost). The tests run in file order;
-``test_stop_terminates_every_process`` stops the shared cluster and must stay last.
+``test_stop_terminates_every_process`` stops the shared cluster and must stay the last test using it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster, ClusterError, pid_alive
+from airflow_plan_provider.testing.cluster import (
+    COMPONENTS,
+    AirflowCluster,
+    ClusterError,
+    ClusterTimeout,
+    ComponentCrashed,
+)
+from airflow_plan_provider.testing.processes import pid_alive
+from tests.e2e.conftest import plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -55,13 +68,10 @@ def _wait_dead(pids: set[int], timeout: float = 10.0) -> set[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowCluster]:
-    dags = tmp_path_factory.mktemp("e2e_dags")
-    (dags / f"{DAG_ID}.py").write_text(DAG_SOURCE)
-    t0 = time.monotonic()
-    with AirflowCluster(dags, parallelism=4) as c:
-        print(f"\n[e2e] cluster start-up: {time.monotonic() - t0:.1f}s (home={c.home})")
-        c.wait_for_dag(DAG_ID, timeout=60)
-        c.unpause(DAG_ID)
+    base = tmp_path_factory.mktemp("e2e_cluster")
+    source = base / f"{DAG_ID}.py"
+    source.write_text(DAG_SOURCE)
+    with plan_cluster(base, [source], [DAG_ID], parallelism=4) as c:
         yield c
 
 
@@ -101,11 +111,24 @@ def test_run_mapped_tasks_and_xcom(cluster: AirflowCluster) -> None:
 
 
 def test_failed_wait_reports_component_logs(cluster: AirflowCluster) -> None:
-    with pytest.raises(ClusterError) as exc:
+    with pytest.raises(ClusterTimeout) as exc:
         cluster.wait_for_dag("no_such_dag", timeout=1)
     message = str(exc.value)
+    assert exc.value.reason.startswith("DAG 'no_such_dag' not parsed within 1s")
     for component in ("scheduler", "dag-processor", "api-server", "triggerer"):
         assert f"----- {component} pid=" in message
+        assert f"----- {component} pid=" in exc.value.diagnostics
+
+
+def test_a_component_that_died_is_a_crash_not_a_timeout(cluster: AirflowCluster) -> None:
+    run_id = cluster.trigger(DAG_ID, {})
+    os.kill(cluster.pids["triggerer"], signal.SIGKILL)  # from outside, as the OOM killer would
+    with pytest.raises(ComponentCrashed) as exc:
+        cluster.wait_for_run(DAG_ID, run_id, timeout=120)
+    assert exc.value.exit_codes == {"triggerer": -signal.SIGKILL}
+    assert isinstance(exc.value, ClusterError) and "----- triggerer pid=" in exc.value.diagnostics
+    cluster.restart("triggerer")
+    assert cluster.wait_for_run(DAG_ID, run_id, timeout=120) == "success"
 
 
 def test_kill_and_restart_scheduler(cluster: AirflowCluster) -> None:
@@ -142,3 +165,50 @@ def test_stop_terminates_every_process(cluster: AirflowCluster) -> None:
             os.kill(pid, 0)
     assert not home.exists()
     cluster.stop()  # idempotent
+
+
+STARTER = textwrap.dedent(
+    """
+    import json, sys, time
+    from airflow_plan_provider.testing.cluster import AirflowCluster
+
+    cluster = AirflowCluster(sys.argv[1], parallelism=2).start()
+    cluster.wait_for_dag(sys.argv[2], timeout=180)
+    cluster.unpause(sys.argv[2])
+    run_id = cluster.trigger(sys.argv[2], {})
+    cluster.wait_for_run(sys.argv[2], run_id, timeout=180)  # LocalExecutor workers exist by now
+    print(json.dumps({"pids": sorted(cluster.all_pids()), "home": str(cluster.home)}), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_components_die_with_the_process_that_started_them(tmp_path) -> None:
+    """A test process killed with SIGKILL runs no ``finally``: the watchdog stops what it started."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"{DAG_ID}.py").write_text(DAG_SOURCE)
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(dags), DAG_ID],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    started: dict = {}
+    try:
+        line = starter.stdout.readline() if starter.stdout else ""
+        assert line, f"the starter exited {starter.wait()} before its cluster was up"
+        started = json.loads(line)
+        assert len(started["pids"]) > len(COMPONENTS) and all(pid_alive(p) for p in started["pids"])
+        starter.kill()
+        starter.wait()
+        assert not _wait_dead(set(started["pids"]), timeout=60), "a component survived its starter"
+        deadline = time.monotonic() + 30
+        while os.path.exists(started["home"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(started["home"])  # its temporary home went with it
+    finally:
+        starter.kill()
+        for pid in started.get("pids", []):  # on failure, leave nothing behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

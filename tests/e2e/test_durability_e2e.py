@@ -13,7 +13,6 @@ DAGs: tests/e2e/dags/durability_dags.py. Each class starts its own cluster (neve
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,14 +23,14 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.plan.calls import idempotency_key
-from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster, pid_alive
+from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
+from airflow_plan_provider.testing.processes import pid_alive
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.sessions import session_result
+from tests.e2e.conftest import demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).resolve().parent / "dags" / "durability_dags.py"
-CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # as in dags/durability_dags.py
 GATE = "gate"  # as in dags/durability_dags.py
 RUN_TIMEOUT = 240.0
 HOLD_SECONDS = 120  # the first call of the crash target works this long: it is always killed first
@@ -65,22 +64,9 @@ def start_cluster(
     factory: pytest.TempPathFactory, name: str, dag_ids: tuple[str, ...], parallelism: int
 ) -> Iterator[Env]:
     base = factory.mktemp(name)
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(DAG_FILE, dags)
-    calls = base / "calls"
-    extra = {
-        CALL_LOG_ENV: str(calls),
-        "AIRFLOW__CORE__PARALLELISM": str(parallelism),
-        **DURABILITY_SETTINGS,
-    }
-    t0 = time.monotonic()
-    with AirflowCluster(dags, env=extra, parallelism=parallelism) as cluster:
-        for dag_id in dag_ids:
-            cluster.wait_for_dag(dag_id, timeout=180)
-            cluster.unpause(dag_id)
-        print(f"\n[e2e] {name} cluster ready in {time.monotonic() - t0:.1f}s (home={cluster.home})")
-        yield Env(cluster, calls)
+    extra = {**demo_env(base), **DURABILITY_SETTINGS}
+    with plan_cluster(base, [DAG_FILE], dag_ids, env=extra, parallelism=parallelism) as cluster:
+        yield Env(cluster, base / "calls")
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -276,8 +262,8 @@ class TestCrashAndClear:
         )["task_instances"]
         print(f"[e2e] {target} tries: {[(t['try_number'], t['state']) for t in tries]}")
         print(f"[e2e] scheduler: {recovery_lines(cluster)}")
-        result = session_result(cluster, CRASH_DAG, run_id)
-        assert result is not None and result["status"] == "completed"
+        result = cluster.session_result(CRASH_DAG, run_id)
+        assert result is not None and result.status == "completed"
 
     def test_clearing_a_failed_node_reruns_it_and_its_skipped_descendants_only(self, env: Env) -> None:
         cluster, log = env.cluster, env.log(CLEAR_DAG)
@@ -357,10 +343,10 @@ class TestCrashAndClear:
         assert task_instance(cluster, CLEAR_DAG, run_id, "finalize")["state"] == "success"
         record = cluster.xcom(CLEAR_DAG, run_id, p2["task_id"], key="node", map_index=p2["map_index"])
         assert (record["status"], record["output"], record["attempts"]) == ("success", 7, 2)
-        result = session_result(cluster, CLEAR_DAG, run_id)
+        result = cluster.session_result(CLEAR_DAG, run_id)
         assert result is not None
-        assert (result["status"], result["reason"]) == ("completed", "goal_met")
-        assert result["outputs"]["s"] == {"ok": True}
+        assert (result.status, result.reason) == ("completed", "goal_met")
+        assert result.outputs["s"] == {"ok": True}
 
 
 # ------------------------------------------------------------------------------------ deferred, 1 slot
@@ -409,9 +395,9 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         assert record["output"] == {"rows": 42, "uri": "file:///exports/table.parquet"}
         assert record["polling"]["outcome"] == "done"
         assert env.log(ASYNC_DAG).count("export") == 1  # the job was started once
-        result = session_result(cluster, ASYNC_DAG, run_a)
-        assert result is not None and result["status"] == "completed"
-        assert result["outputs"]["export"] == record["output"]
+        result = cluster.session_result(ASYNC_DAG, run_a)
+        assert result is not None and result.status == "completed"
+        assert result.outputs["export"] == record["output"]
 
     def test_a_failed_job_fails_its_node_with_the_reason(self, env: Env) -> None:
         cluster = env.cluster
@@ -423,7 +409,7 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         assert record["status"] == "failed"
         assert record["error"] == "job failed: warehouse export quota exceeded"
         assert record["polling"]["outcome"] == "failed"
-        result = session_result(cluster, ASYNC_FAILS_DAG, run_id)
+        result = cluster.session_result(ASYNC_FAILS_DAG, run_id)
         assert result is not None
-        assert (result["status"], result["reason"]) == ("failed", "node_failed")
-        assert "warehouse export quota exceeded" in result["message"]
+        assert (result.status, result.reason) == ("failed", "node_failed")
+        assert "warehouse export quota exceeded" in result.message

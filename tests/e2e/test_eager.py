@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from airflow_plan_provider.testing import CallLog
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sessions import node_states, session_result
+from tests.e2e.conftest import demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +20,8 @@ DAGS = ("e2e_eager_unbalanced", "e2e_eager_seed_failure")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, Path]]:
     base = tmp_path_factory.mktemp("eager")
-    (base / "dags").mkdir()
-    shutil.copy(DAG_FILE, base / "dags")
-    calls = base / "calls"
-    with AirflowCluster(base / "dags", env={"PLAN_E2E_CALL_LOG": str(calls)}) as running:
-        for dag_id in DAGS:
-            running.wait_for_dag(dag_id, timeout=180)
-            running.unpause(dag_id)
-        yield running, calls
+    with plan_cluster(base, [DAG_FILE], DAGS, env=demo_env(base)) as running:
+        yield running, base / "calls"
 
 
 def times(log: CallLog, node: str) -> dict[str, float]:
@@ -46,16 +39,16 @@ def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster
     assert c["start"] < a["end"]
     assert d["start"] >= a["end"] and d["start"] >= c["end"]  # d waited for both of its parents
     assert {n: log.count(node=n) for n in "abcd"} == dict.fromkeys("abcd", 1)
-    result = session_result(airflow, "e2e_eager_unbalanced", run_id)
-    assert result is not None and result["status"] == "completed"
-    assert result["outputs"] == {"a": "slow", "b": "q", "c": "q", "d": "q"}
+    result = airflow.session_result("e2e_eager_unbalanced", run_id)
+    assert result is not None and result.status == "completed"
+    assert result.outputs == {"a": "slow", "b": "q", "c": "q", "d": "q"}
 
 
 def test_failures_stay_contained_in_eager_mode(cluster: tuple[AirflowCluster, Path]) -> None:
     airflow, calls = cluster
     run_id = airflow.trigger("e2e_eager_seed_failure", {"goal": "seed"})
     assert airflow.wait_for_run("e2e_eager_seed_failure", run_id, timeout=300) == "failed"
-    assert node_states(airflow, "e2e_eager_seed_failure", run_id) == {
+    assert airflow.node_states("e2e_eager_seed_failure", run_id) == {
         "1": "success",
         "2": "success",
         "3": "failed",
@@ -65,7 +58,7 @@ def test_failures_stay_contained_in_eager_mode(cluster: tuple[AirflowCluster, Pa
     }
     task_ids = {ti["task_id"] for ti in airflow.task_instances("e2e_eager_seed_failure", run_id)}
     assert not any(t.startswith("layer_") for t in task_ids)  # no layer tasks in eager mode
-    result = session_result(airflow, "e2e_eager_seed_failure", run_id)
-    assert result is not None and (result["status"], result["reason"]) == ("failed", "node_failed")
+    result = airflow.session_result("e2e_eager_seed_failure", run_id)
+    assert result is not None and (result.status, result.reason) == ("failed", "node_failed")
     log = CallLog(calls / "e2e_eager_seed_failure")
     assert log.count("analyze") == 0 and log.count("query_deploys") == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import pytest
 from airflow_plan_provider.planners.template import fill_template
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
-from airflow_plan_provider.testing.sessions import node_states, session_result
+from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -92,26 +91,14 @@ def server() -> Iterator[OpenAITestServer]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, server: OpenAITestServer) -> Iterator[AirflowCluster]:
     base = tmp_path_factory.mktemp("llm_plan")
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
-    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     connection = {
         "conn_type": "plan_llm",
         "host": server.base_url,
         "password": API_KEY,
         "extra": {"model": "test-model"},
     }
-    env = {
-        "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection),
-        "PLAN_REPORT_DIR": str(base / "reports"),
-        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
-    }
-    t0 = time.monotonic()
-    with AirflowCluster(dags, env=env, parallelism=8) as c:
-        c.wait_for_dag(DAG_ID, timeout=120)
-        c.unpause(DAG_ID)
-        print(f"\n[e2e] cluster ready in {time.monotonic() - t0:.1f}s (home={c.home})")
+    env = {**demo_env(base), "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection)}
+    with plan_cluster(base, EXAMPLE_FILES, [DAG_ID], env=env) as c:
         yield c
 
 
@@ -165,13 +152,13 @@ def test_llm_plan_replans_and_never_leaks_the_key(cluster: AirflowCluster, serve
     child = f"{root}__replan_1"
     assert state == "success", cluster.diagnostics()
     assert cluster.get_run(DAG_ID, child)["state"] == "success"
-    assert node_states(cluster, DAG_ID, child) == dict.fromkeys("123456", "success")
+    assert cluster.node_states(DAG_ID, child) == dict.fromkeys("123456", "success")
 
-    result = session_result(cluster, DAG_ID, root)
+    result = cluster.session_result(DAG_ID, root)
     assert result is not None
-    assert (result["status"], result["reason"]) == ("completed", "goal_met")
-    assert result["run_ids"] == [root, child]
-    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.run_ids == [root, child]
+    assert result.revisions[0].diff.model_dump() == {"removed": [], "added": [], "revised": ["5"]}
 
     # what the model was asked
     requests = server.chat_requests
@@ -180,26 +167,25 @@ def test_llm_plan_replans_and_never_leaks_the_key(cluster: AirflowCluster, serve
     assert GOAL in first.text and "This is a replan" not in first.text
     assert first.body["response_format"]["type"] == "json_schema"
     assert "This is a replan (revision 1)" in second.text
-    locked = {r["node_id"]: r for r in result["history"] if r["revision"] == 0 and r["status"] == "success"}
+    locked = {r.node_id: r for r in result.history if r.revision == 0 and r.status == "success"}
     assert sorted(locked) == ["1", "2", "3", "4"]
     for node_id, record in locked.items():
-        assert f"- {node_id}: {record['action']} (tool {record['tool']}); output summary: " in second.text
-        assert record["output_summary"] and record["output_summary"] in second.text
-    error = result["revisions"][0]["reason"]
+        assert f"- {node_id}: {record.action} (tool {record.tool}); output summary: " in second.text
+        assert record.output_summary and record.output_summary in second.text
+    error = result.revisions[0].reason
     assert "node 3 requested a replan: no deploys of payment-api on " in error
     assert "Failed node: 3" in second.text and f"Error: {error}" in second.text
 
     # token usage as the server counted it, summed over both planning calls
-    usage = result["usage"]
+    usage = result.usage
     prompt = sum(count_tokens(r.text) for r in requests)
     completion = sum(count_tokens(json.dumps(reply)) for reply in (plan, replacement))
-    assert usage["prompt_tokens"] == prompt > 0
-    assert usage["completion_tokens"] == completion > 0
+    assert usage.prompt_tokens == prompt > 0
+    assert usage.completion_tokens == completion > 0
 
     # the key went where it belongs, and nowhere else
     assert all(r.headers.get("authorization") == f"Bearer {API_KEY}" for r in requests)
-    assert API_KEY not in json.dumps(result["events"])
-    assert API_KEY not in json.dumps(result)
+    assert API_KEY not in result.model_dump_json()  # its events included
     for run_id in (root, child):
         logs = all_logs(cluster, run_id)
         assert ("plan", -1, 1) in logs and "Asking" in logs[("plan", -1, 1)]  # the planner's own log lines

@@ -8,7 +8,6 @@ per DAG that every worker process writes to (``$PLAN_E2E_CALL_LOG/<dag_id>``).
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan
-from airflow_plan_provider.testing.sessions import node_states, session_result
+from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -47,26 +46,10 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("plan_runs")
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
-    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
-    for source in SCRIPTED_DAGS.glob("*.py"):
-        shutil.copy(source, dags)
-    calls, reports = base / "calls", base / "reports"
-    extra = {
-        "PLAN_E2E_CALL_LOG": str(calls),
-        "PLAN_REPORT_DIR": str(reports),
-        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
-    }
-    t0 = time.monotonic()
-    with AirflowCluster(dags, env=extra, parallelism=8) as cluster:
-        for dag_id in DAG_IDS:
-            cluster.wait_for_dag(dag_id, timeout=120)
-            cluster.unpause(dag_id)
+    dag_files = [*EXAMPLE_FILES, *SCRIPTED_DAGS.glob("*.py")]
+    with plan_cluster(base, dag_files, DAG_IDS, env=demo_env(base)) as cluster:
         cluster.api("POST", "/pools", {"name": POOL, "slots": 3, "include_deferred": False})
-        print(f"\n[e2e] cluster ready in {time.monotonic() - t0:.1f}s (home={cluster.home})")
-        yield Env(cluster, calls, reports)
+        yield Env(cluster, base / "calls", base / "reports")
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -127,25 +110,25 @@ def test_example_dag_replans_node_5_and_reuses_the_queries(env: Env) -> None:
         "5": "skipped",
         "6": "skipped",
     }
-    assert node_states(cluster, EXAMPLE, root) == first  # the grid labels say the same
+    assert cluster.node_states(EXAMPLE, root) == first  # the grid labels say the same
     assert states_by_node(cluster, EXAMPLE, child) == dict.fromkeys("123456", "success")
 
     session = cluster.get_run(EXAMPLE, child)["conf"]["session"]
     assert session["root_run_id"] == root and session["parent_run_id"] == root
     assert session["revision"] == 1
 
-    result = session_result(cluster, EXAMPLE, root)
+    result = cluster.session_result(EXAMPLE, root)
     assert result is not None
-    assert (result["status"], result["reason"]) == ("completed", "goal_met")
-    assert result["run_ids"] == [root, child]
-    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
-    assert "no deploys of payment-api" in result["revisions"][0]["reason"]
-    reused = sorted(r["node_id"] for r in result["history"] if r["revision"] == 1 and r["reused"])
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.run_ids == [root, child]
+    assert result.revisions[0].diff.model_dump() == {"removed": [], "added": [], "revised": ["5"]}
+    assert "no deploys of payment-api" in result.revisions[0].reason
+    reused = sorted(r.node_id for r in result.history if r.revision == 1 and r.reused)
     assert reused == ["1", "2", "3", "4"]
-    executed = sorted(r["node_id"] for r in result["history"] if r["revision"] == 1 and not r["reused"])
+    executed = sorted(r.node_id for r in result.history if r.revision == 1 and not r.reused)
     assert executed == ["5", "6"]
 
-    report = Path(result["outputs"]["6"]["path"])
+    report = Path(result.outputs["6"]["path"])
     assert report.is_file() and report.parent == env.reports
     assert "fraud-check" in report.read_text()
 
@@ -170,11 +153,11 @@ def test_permanent_failure_is_contained_and_fails_the_run(env: Env) -> None:
     }
     assert task_instance(cluster, dag_id, run_id, "finalize")["state"] == "failed"
 
-    result = session_result(cluster, dag_id, run_id)
+    result = cluster.session_result(dag_id, run_id)
     assert result is not None
-    assert (result["status"], result["reason"]) == ("failed", "node_failed")
-    failed = next(r for r in result["history"] if r["node_id"] == "3")
-    assert failed["status"] == "failed" and "403" in failed["error"]
+    assert (result.status, result.reason) == ("failed", "node_failed")
+    failed = next(r for r in result.history if r.node_id == "3")
+    assert failed.status == "failed" and failed.error is not None and "403" in failed.error
 
     log = env.log(dag_id)
     tools = ["query_metrics", "query_service_health", "query_deploys", "query_error_logs"]
@@ -203,11 +186,11 @@ def test_scripted_replan_chain_reuses_finished_nodes(env: Env) -> None:
     assert keys[0] != idempotency_key(dag_id, root, "5", first["tool"], first["params"])
     assert log.count("report") == 1
 
-    result = session_result(cluster, dag_id, root)
+    result = cluster.session_result(dag_id, root)
     assert result is not None
-    assert (result["status"], result["reason"]) == ("completed", "goal_met")
-    assert result["outputs"]["6"] == {"report": {"inputs": ["health", "latency"]}}
-    assert result["revisions"][0]["diff"] == {"removed": [], "added": [], "revised": ["5"]}
+    assert (result.status, result.reason) == ("completed", "goal_met")
+    assert result.outputs["6"] == {"report": {"inputs": ["health", "latency"]}}
+    assert result.revisions[0].diff.model_dump() == {"removed": [], "added": [], "revised": ["5"]}
 
 
 def test_max_active_nodes_caps_a_run(env: Env) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sessions import node_states
+from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -84,20 +84,13 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
             pytest.fail(message)
         pytest.skip(message)
     base = tmp_path_factory.mktemp("plan_view")
-    dags = base / "dags"
-    dags.mkdir()
-    shutil.copy(ROOT / "dags" / "plan_and_execute.py", dags)
-    shutil.copytree(ROOT / "dags" / "plan_demo", dags / "plan_demo")  # the demo the example DAG imports
     env = {
-        "PLAN_REPORT_DIR": str(base / "reports"),
-        "PLAN_DEMO_DB": str(base / "demo" / "demo.sqlite"),
+        **demo_env(base),
         # auth on: no anonymous admin; one user whose password the API server generates
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
     }
-    with AirflowCluster(dags, env=env, parallelism=8) as cluster:
-        cluster.wait_for_dag(DAG, timeout=120)
-        cluster.unpause(DAG)
+    with plan_cluster(base, EXAMPLE_FILES, [DAG], env=env) as cluster:
         root = cluster.trigger(DAG, {"goal": GOAL})
         yield Session(cluster, root, f"{root}__replan_1")
 
@@ -234,7 +227,7 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
         time.sleep(0.5)
     session.finished()
     assert browser.execute_script("return window.openedOnce === true;")  # the same page all along
-    assert seen[-1] == node_states(session.cluster, DAG, session.root)
+    assert seen[-1] == session.cluster.node_states(DAG, session.root)
     assert len(seen) >= 2, seen  # it showed the states change
     assert {1, 2} <= runs_seen  # and the replan run join the chain
     shot(browser, "00_live_view_at_the_end")
@@ -267,7 +260,7 @@ def test_plan_tab_of_the_run_page_draws_the_plan(session: Session, browser: Any)
         wait_loaded(browser)
         states = drawn_states(browser)
         assert len(states) == 6
-        assert states == node_states(session.cluster, DAG, session.root)
+        assert states == session.cluster.node_states(DAG, session.root)
         assert browser.find_element(By.ID, "this-run").text == session.root
     finally:
         browser.switch_to.default_content()
@@ -282,7 +275,7 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     cluster = session.cluster
     open_view(browser, session, session.root)
     select_revision(browser, 0)
-    root_states = node_states(cluster, DAG, session.root)
+    root_states = cluster.node_states(DAG, session.root)
     assert root_states == dict.fromkeys("1234", "success") | {"5": "skipped", "6": "skipped"}
     assert drawn_states(browser) == root_states
     flags = browser.find_element(By.CSS_SELECTOR, "g.node[data-node-id='3'] text.flags").text
@@ -293,7 +286,7 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     shot(browser, "02_revision_0_node_3")
 
     select_revision(browser, 1)
-    child_states = node_states(cluster, DAG, session.child)
+    child_states = cluster.node_states(DAG, session.child)
     assert child_states == dict.fromkeys("123456", "success")
     assert drawn_states(browser) == child_states
     diff = {

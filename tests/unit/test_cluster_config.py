@@ -1,0 +1,53 @@
+"""What an AirflowCluster configures before it starts anything: the metadata DB's URLs, parallelism."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_plan_provider.testing.cluster import AirflowCluster, async_database_url
+
+
+def test_async_url_is_the_same_database_through_the_asyncio_driver():
+    assert (
+        async_database_url("postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1")
+        == "postgresql+asyncpg://postgres@127.0.0.1:5432/plan_e2e_1"
+    )
+    assert async_database_url("postgresql://u:p@db/x") == "postgresql+asyncpg://u:p@db/x"
+    assert async_database_url("sqlite:////tmp/a/airflow.db") == "sqlite+aiosqlite:////tmp/a/airflow.db"
+    # libpq's sslmode means nothing to asyncpg; its ssl takes the same values
+    assert async_database_url("postgresql+psycopg2://u@db/x?sslmode=require") == (
+        "postgresql+asyncpg://u@db/x?ssl=require"
+    )
+
+
+def test_the_cluster_gives_airflow_both_urls_and_airflows_parallelism(tmp_path):
+    url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", database_url=url)
+    assert cluster.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == url
+    assert cluster.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] == (
+        "postgresql+asyncpg://postgres@127.0.0.1:5432/plan_e2e_1"
+    )
+    assert cluster.env["AIRFLOW__CORE__PARALLELISM"] == "32"
+    default = AirflowCluster(tmp_path, home=tmp_path / "default")
+    assert (
+        default.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        == f"sqlite:///{tmp_path / 'default' / 'airflow.db'}"
+    )
+    assert default.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] == (
+        f"sqlite+aiosqlite:///{tmp_path / 'default' / 'airflow.db'}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgres://u@db/x", "must start with one of ['postgresql', 'sqlite']"),
+        ("mysql://u@db/x", "must start with one of ['postgresql', 'sqlite']"),
+        ("postgresql+pg8000://u@db/x", "driver 'pg8000' is not one of ['psycopg2', 'psycopg']"),
+        ("/var/lib/airflow.db", "must start with one of"),
+    ],
+)
+def test_a_url_airflow_could_not_open_is_refused_before_anything_starts(tmp_path, url, problem):
+    with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        AirflowCluster(tmp_path, home=tmp_path / "home", database_url=url)
+    assert not (tmp_path / "home").exists()
