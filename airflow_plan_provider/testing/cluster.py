@@ -432,6 +432,9 @@ class AirflowCluster:
         if self._watchdog is not None and self._watchdog.poll() is None:
             return
         temporary_home = self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME")
+        # the package as this process imported it, however it got on sys.path
+        package_root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         with (self.log_dir / "watchdog.log").open("ab") as log:
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-m", f"{__package__}.watchdog", str(os.getpid())]
@@ -440,6 +443,7 @@ class AirflowCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.home,
+                env=os.environ | {"PYTHONPATH": path},
                 start_new_session=True,  # outlives a kill of this process's group, too
             )
 

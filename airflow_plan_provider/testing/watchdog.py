@@ -41,15 +41,13 @@ def kill_sessions(roots: set[int]) -> set[int]:
 def watch(parent: int, home: str | None) -> int:
     roots: set[int] = set()
     pending = b""
-    stream = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
-    fd = stream.fileno()
-    while os.getppid() == parent:
-        ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break  # the parent is gone: its end of the pipe closed with it
+    fd = sys.stdin.fileno()
+    parent_alive = True
+    while True:
+        # once the parent is gone, only read what it wrote before dying (it may have died before this
+        # process got here), without waiting for more
+        ready, _, _ = select.select([fd], [], [], POLL_SECONDS if parent_alive else 0)
+        chunk = os.read(fd, 4096) if ready else b""
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
@@ -60,6 +58,11 @@ def watch(parent: int, home: str | None) -> int:
                 roots.add(int(pid))
             elif command == "end":
                 roots.discard(int(pid))
+        if ready and not chunk:
+            break  # end of file: the parent (and with it its end of the pipe) is gone
+        if not parent_alive and not ready:
+            break
+        parent_alive = os.getppid() == parent
     survivors = kill_sessions(roots)
     if home:
         shutil.rmtree(home, ignore_errors=True)
@@ -67,7 +70,6 @@ def watch(parent: int, home: str | None) -> int:
         print(f"watchdog: could not kill {sorted(survivors)}", file=sys.stderr)
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(watch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
