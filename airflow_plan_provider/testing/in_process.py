@@ -84,6 +84,7 @@ def run_session(
     *,
     max_runs: int = 20,
     logical_date: datetime | None = None,
+    group: str | None = None,
 ) -> SessionRun:
     """Run every revision of a plan session in-process and return its outcome.
 
@@ -92,6 +93,8 @@ def run_session(
     :param max_runs: stop with :class:`SessionError` if the session needs more runs than this (the DAG's
         ``max_replans`` normally ends it first).
     :param logical_date: the first run's logical date; now when omitted (every run has one).
+    :param group: for a plan built with ``plan_task_group`` inside ``dag``, its group id (its tasks are
+        ``<group>.plan``, ...; a group never replans, so its session is one run).
     :return: the session's :class:`SessionResult` (what the first run's ``replan`` or ``finalize``
         task reports) and each run's id, state and node states.
     :raises ValueError: ``dag`` is not a plan DAG.
@@ -99,9 +102,13 @@ def run_session(
     """
     if max_runs < 1:
         raise ValueError(f"max_runs must be at least 1, not {max_runs}")
-    for task_id in (PLAN_TASK, FINALIZE_TASK):
+    prefix = f"{group}." if group else ""
+    for task_id in (prefix + PLAN_TASK, prefix + FINALIZE_TASK):
         if task_id not in dag.task_dict:
-            raise ValueError(f"{dag.dag_id!r} is not a plan DAG built by build_plan_dag: no task {task_id!r}")
+            raise ValueError(
+                f"{dag.dag_id!r} has no plan {f'in group {group!r} ' if group else ''}"
+                f"(built by {'plan_task_group' if group else 'build_plan_dag'}): no task {task_id!r}"
+            )
     runs: list[DagRun] = []
     problems: list[Exception] = []
 
@@ -122,13 +129,13 @@ def run_session(
     if problems:
         raise problems[0]
     runs.append(root)
-    result = session_outcome(lambda task_id: _xcom(root.dag_id, root.run_id, task_id, RESULT_KEY))
+    result = session_outcome(lambda task_id: _xcom(root.dag_id, root.run_id, prefix + task_id, RESULT_KEY))
     if result is None:
         raise SessionError(
             f"run {root.run_id} of {dag.dag_id!r} ended {root.state} without a session result "
             f"(tasks: {_task_states(root.dag_id, root.run_id)})"
         )
-    revisions = sorted((_revision_run(run) for run in runs), key=lambda run: run.revision)
+    revisions = sorted((_revision_run(run, group) for run in runs), key=lambda run: run.revision)
     return SessionRun(result=result, runs=tuple(revisions))
 
 
@@ -160,15 +167,17 @@ def run_plan_dag(
     )
 
 
-def node_states(dag_id: str, run_id: str) -> dict[str, str]:
+def node_states(dag_id: str, run_id: str, group: str | None = None) -> dict[str, str]:
     """Plan node id → state of its task instance in one run, from each instance's ``id · action`` label.
 
     Reads the metadata database of this process (as ``dag.test()`` writes it); instances that never
-    started have no label and are not listed.
+    started have no label and are not listed. ``group``: only the nodes of the plan in that task group.
     """
+    prefix = f"{group}." if group else ""
     states: dict[str, str] = {}
     for ti in _task_instances(dag_id, run_id):
-        node_id = labelled_node(ti.rendered_map_index) if ti.map_index >= 0 else None
+        labelled = ti.map_index >= 0 and ti.task_id.startswith(prefix)
+        node_id = labelled_node(ti.rendered_map_index) if labelled else None
         if node_id is not None:
             states[node_id] = str(ti.state)
     return states
@@ -293,7 +302,7 @@ def _task_states(dag_id: str, run_id: str) -> dict[str, str]:
     }
 
 
-def _revision_run(dag_run: DagRun) -> RevisionRun:
+def _revision_run(dag_run: DagRun, group: str | None) -> RevisionRun:
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
@@ -305,5 +314,5 @@ def _revision_run(dag_run: DagRun) -> RevisionRun:
         run_id=dag_run.run_id,
         revision=int((conf.get("session") or {}).get("revision", 0)),
         state=state,
-        node_states=node_states(dag_run.dag_id, dag_run.run_id),
+        node_states=node_states(dag_run.dag_id, dag_run.run_id, group),
     )

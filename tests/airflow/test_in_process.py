@@ -106,5 +106,28 @@ def test_a_dag_that_is_not_a_plan_dag_is_refused():
 
     with DAG("inproc_not_a_plan", schedule=None) as dag:
         EmptyOperator(task_id="plan")
-    with pytest.raises(ValueError, match=r"'inproc_not_a_plan' is not a plan DAG .* no task 'finalize'"):
+    with pytest.raises(
+        ValueError, match=r"'inproc_not_a_plan' has no plan \(built by build_plan_dag\): no task 'finalize'"
+    ):
         run_session(dag, {"goal": "g"})
+
+
+def test_a_plan_in_a_task_group_is_read_by_its_group(tmp_path):
+    from airflow.sdk import DAG
+
+    from airflow_plan_provider import Limits, plan_task_group
+
+    log = CallLog(tmp_path)
+    tools = scripted_registry(ScriptedTool("fetch", log=log, returns={"rows": 3}))
+    plan = {"nodes": [{"id": "fetch", "action": "fetch the export", "tool": "fetch", "params": {}}]}
+    with DAG("inproc_group", schedule=None) as dag:
+        plan_task_group(
+            "load", planner=ScriptedPlanner(plan), tools=tools, goal="load", limits=Limits(max_depth=1)
+        )
+
+    session = run_session(dag, group="load")
+    [run] = session.runs
+    assert (session.result.status, session.result.outputs) == ("completed", {"fetch": {"rows": 3}})
+    assert (run.state, run.node_states) == ("success", {"fetch": "success"})
+    with pytest.raises(ValueError, match=r"'inproc_group' has no plan in group 'other'"):
+        run_session(dag, group="other")

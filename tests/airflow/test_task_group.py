@@ -9,7 +9,8 @@ import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from tests.airflow.support import run_dag, task_states, xcom
+from airflow_plan_provider.testing.in_process import run_plan_dag
+from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow
 
@@ -63,7 +64,7 @@ def test_a_plan_runs_between_the_teams_own_tasks(tmp_path) -> None:
     assert dag.get_task("triage.plan").upstream_task_ids == {"extract"}
     assert dag.get_task("publish").upstream_task_ids == {"triage.finalize"}
 
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "success"
     assert states["extract"] == states["triage.plan"] == states["triage.finalize"] == "success"
@@ -84,7 +85,7 @@ def test_a_plan_runs_between_the_teams_own_tasks(tmp_path) -> None:
 def test_a_failed_session_fails_the_group_and_the_tasks_after_it_do_not_run(tmp_path) -> None:
     log = CallLog(tmp_path)
     dag = team_dag("team_triage_fails", log, compare={"permanent": "comparison service says 403"})
-    run = run_dag(dag, {"goal": "not the group's", "max_steps": 1})  # the conf belongs to the team's DAG
+    run = run_plan_dag(dag, {"goal": "not the group's", "max_steps": 1})  # the conf belongs to the team's DAG
     states = task_states(run)
     assert str(run.state) == "failed"
     assert states["triage.layer_1[0]"] == "failed" and states["triage.finalize"] == "failed"
@@ -115,7 +116,7 @@ def test_two_groups_in_one_dag_are_two_sessions(tmp_path) -> None:
         first = plan_task_group("first", goal="first", **settings)
         second = plan_task_group("second", goal="second", **settings)
         first >> second
-    run = run_dag(dag)
+    run = run_plan_dag(dag)
     assert str(run.state) == "success"
     # the same node calls in two sessions: each calls its tools (no shared idempotency key or checkpoint)
     assert {n: log.count(node=n) for n in "abc"} == dict.fromkeys("abc", 2)
