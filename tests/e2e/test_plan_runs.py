@@ -29,7 +29,15 @@ SCRIPTED_DAGS = Path(__file__).resolve().parent / "dags"
 EXAMPLE = "plan_and_execute"
 GOAL = "find why the payment API got slow yesterday and write a report"
 POOL = "plan_e2e_pool"  # as in dags/scripted_plan_dags.py
-DAG_IDS = (EXAMPLE, "e2e_seed_failure", "e2e_seed_replan", "e2e_cap_two", "e2e_pool_three", "e2e_transient")
+DAG_IDS = (
+    EXAMPLE,
+    "e2e_seed_failure",
+    "e2e_seed_replan",
+    "e2e_cap_two",
+    "e2e_pool_three",
+    "e2e_transient",
+    "e2e_team_triage",
+)
 RUN_TIMEOUT = 180.0
 
 
@@ -226,3 +234,20 @@ def test_transient_failure_is_retried_by_airflow(env: Env) -> None:
     record = cluster.xcom(dag_id, run_id, "layer_0", key="node", map_index=0)
     assert (record["status"], record["attempts"]) == ("success", 2)
     assert "transient failure 1" in cluster.task_log(dag_id, run_id, "layer_0", try_number=1, map_index=0)
+
+
+def test_a_plan_group_runs_between_the_teams_own_tasks(env: Env) -> None:
+    cluster, dag_id = env.cluster, "e2e_team_triage"
+    run_id, state = run_to_end(cluster, dag_id, {})
+    assert state == "success", cluster.diagnostics()
+    states = {
+        ti["task_id"]: ti["state"] for ti in cluster.task_instances(dag_id, run_id) if ti["map_index"] < 0
+    }
+    team_and_control = ["extract", "triage.plan", "triage.finalize", "publish"]
+    assert {t: states[t] for t in team_and_control} == dict.fromkeys(team_and_control, "success")
+    assert cluster.node_states(dag_id, run_id, group="triage") == dict.fromkeys("123456", "success")
+    result = cluster.session_result(dag_id, run_id, group="triage")
+    assert result is not None and (result.status, result.reason) == ("completed", "goal_met")
+    published = cluster.xcom(dag_id, run_id, "publish")
+    assert published == {"status": "completed", "goal": "why is payments slow?", "outputs": result.outputs}
+    assert {n: env.log(dag_id).count(node=n) for n in "123456"} == dict.fromkeys("123456", 1)

@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import Limits, NodeExecution, build_plan_dag
+from airflow.sdk import DAG, task
+
+from airflow_plan_provider import Limits, NodeExecution, build_plan_dag, plan_task_group
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 
@@ -106,3 +108,24 @@ e2e_transient = build_plan_dag(
     execution=NodeExecution(**NODES, retries=2),
     **COMMON,
 )
+
+# A plan between a team's own tasks: extract >> plan_task_group("triage") >> publish.
+with DAG("e2e_team_triage", schedule=None, tags=["e2e"]) as e2e_team_triage:
+
+    @task
+    def extract() -> str:
+        return "payments"
+
+    @task
+    def publish(result: dict[str, Any]) -> dict[str, Any]:
+        return {"status": result["status"], "goal": result["goal"], "outputs": result["outputs"]}
+
+    triage = plan_task_group(
+        "triage",
+        planner=ScriptedPlanner(seed_plan()),
+        tools=scripted_registry(*seed_tools(call_log("e2e_team_triage"))),
+        goal="why is {{ ti.xcom_pull(task_ids='extract') }} slow?",
+        execution=NodeExecution(**NODES),
+    )
+    extract() >> triage
+    publish(triage.result)
