@@ -56,7 +56,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
@@ -785,10 +785,11 @@ class AirflowCluster:
     # ------------------------------------------------------------------ REST helpers
 
     def import_errors(self) -> list[dict[str, Any]]:
-        return self.api("GET", "/importErrors", params={"limit": 100}).get("import_errors", [])
+        errors = self.api("GET", "/importErrors", params={"limit": 100}).get("import_errors", [])
+        return cast(list[dict[str, Any]], errors)
 
     def get_dag(self, dag_id: str) -> dict[str, Any]:
-        return self.api("GET", f"/dags/{self._q(dag_id)}")
+        return cast(dict[str, Any], self.api("GET", f"/dags/{self._q(dag_id)}"))
 
     def wait_for_dag(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """Wait until the dag-processor has parsed and serialised ``dag_id``; returns the DAG resource."""
@@ -814,10 +815,10 @@ class AirflowCluster:
         raise self._timeout(f"DAG {dag_id!r} not parsed within {timeout}s; import errors: {errors}")
 
     def unpause(self, dag_id: str) -> dict[str, Any]:
-        return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": False})
+        return cast(dict[str, Any], self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": False}))
 
     def pause(self, dag_id: str) -> dict[str, Any]:
-        return self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": True})
+        return cast(dict[str, Any], self.api("PATCH", f"/dags/{self._q(dag_id)}", {"is_paused": True}))
 
     def trigger(
         self, dag_id: str, conf: Mapping[str, Any] | None = None, *, run_id: str | None = None
@@ -826,10 +827,10 @@ class AirflowCluster:
         body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
         if run_id is not None:
             body["dag_run_id"] = run_id
-        return self.api("POST", f"/dags/{self._q(dag_id)}/dagRuns", body)["dag_run_id"]
+        return str(self.api("POST", f"/dags/{self._q(dag_id)}/dagRuns", body)["dag_run_id"])
 
     def get_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}")
+        return cast(dict[str, Any], self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns/{self._q(run_id)}"))
 
     def wait_for_run(
         self,
@@ -843,7 +844,7 @@ class AirflowCluster:
         """Wait until the run reaches one of ``states`` (default success/failed); returns the state."""
         wanted = set(states)
         deadline = time.monotonic() + timeout
-        state = None
+        state: str | None = None
         while time.monotonic() < deadline:
             self.check_alive()
             with contextlib.suppress(OSError):
@@ -864,7 +865,8 @@ class AirflowCluster:
         )
 
     def list_runs(self, dag_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
-        return self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns", params={"limit": limit})["dag_runs"]
+        runs = self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns", params={"limit": limit})["dag_runs"]
+        return cast(list[dict[str, Any]], runs)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """All task instances of a run, mapped ones included (map_index >= 0), paginated."""

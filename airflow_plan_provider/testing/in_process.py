@@ -212,12 +212,13 @@ def _test(
     every run at its logical date first, and with none, of every run of the DAG.
     """
     with _next_run_id(run_id):
-        return dag.test(
+        run: DagRun = dag.test(
             run_conf=dict(conf or {}),
             logical_date=logical_date or datetime.now(UTC),
             run_after=run_after,
             mark_success_pattern=mark_success_pattern,
         )
+        return run
 
 
 @contextmanager

@@ -92,7 +92,7 @@ def pid_alive(pid: int) -> bool:
     try:
         import psutil
 
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except Exception:
         return True
 
