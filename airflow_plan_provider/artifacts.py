@@ -160,17 +160,22 @@ def _read_at_most(path: Any, limit: int) -> bytes:
 
 
 def store(
-    output: Any, *, key: str, base_url: str | None = None, threshold: int = DEFAULT_THRESHOLD
+    data: bytes,
+    *,
+    key: str,
+    summary: str,
+    base_url: str | None = None,
+    threshold: int = DEFAULT_THRESHOLD,
 ) -> dict[str, Any] | None:
-    """Store ``output`` when its JSON is larger than ``threshold`` bytes and return its reference
-    (an :class:`ArtifactRef` as a dict); None when the output is small enough for XCom."""
-    data = json.dumps(output, separators=(",", ":")).encode()
+    """Store an output given as its JSON ``data`` when that is larger than ``threshold`` bytes and
+    return its reference (an :class:`ArtifactRef` as a dict, with ``summary``); None when the output
+    is small enough for XCom. The caller encodes the output once and passes the same text here."""
     if len(data) <= threshold:
         return None
     digest = hashlib.sha256(data).hexdigest()
     uri = output_uri(key, digest, base_url)
     _write_atomically(uri, data)
-    return ArtifactRef(uri=uri, size=len(data), sha256=digest, summary=summarize(output)).model_dump()
+    return ArtifactRef(uri=uri, size=len(data), sha256=digest, summary=summary).model_dump()
 
 
 def load(reference: Any, *, key: str, base_url: str | None = None) -> Any:
@@ -212,8 +217,10 @@ def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = Non
 
     The checkpoint outlives the task instance's XCom, which Airflow clears when the task is cleared.
     """
-    content = {"key": key, "record": record, "sha256": _checkpoint_digest(key, record)}
-    _write_atomically(checkpoint_uri(key, base_url), canonical_json(content))
+    signed = canonical_json({"key": key, "record": record})
+    # canonical_json of {"key", "record", "sha256"}: "sha256" sorts last, so it is appended (one encoding)
+    content = signed[:-1] + b',"sha256":"' + hashlib.sha256(signed).hexdigest().encode() + b'"}'
+    _write_atomically(checkpoint_uri(key, base_url), content)
 
 
 def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | None:

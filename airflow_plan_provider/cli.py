@@ -2,13 +2,13 @@
 
 ::
 
-    airflow-plan validate PLAN.json [--tools SPEC] [--max-nodes N] [--max-depth N] [--max-bytes N]
+    airflow-plan validate PLAN.json [--tools SPEC] [--max-nodes N] [--max-bytes N]
     airflow-plan freeze (PLAN.json | --api URL --source-dag DAG --source-run RUN [--token T | --user U])
                         --tools module:attr --dag-id ID --schedule SCHEDULE [--start-date YYYY-MM-DD]
                         [--param [NODE.]NAME=VALUE ...] [--approval risky|always|never] [-o FILE]
                         [--max-nodes N] [--max-depth N]
     airflow-plan run PLAN.json --tools SPEC [--planner SPEC [--max-replans N]] [--max-workers N]
-                               [--max-steps N] [--json] [--max-nodes N] [--max-depth N] [--max-bytes N]
+                               [--max-steps N] [--json] [--max-nodes N] [--max-bytes N]
 
 ``validate`` exits with status 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per
 problem on stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an
@@ -126,12 +126,6 @@ def _add_plan_limits(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--max-nodes", type=_positive_int, default=defaults.max_nodes, help="default: %(default)s"
     )
-    command.add_argument(
-        "--max-depth",
-        type=_positive_int,
-        default=defaults.max_depth,
-        help="most layers; default: %(default)s",
-    )
     _add_max_bytes(command)
 
 
@@ -145,7 +139,7 @@ def _add_max_bytes(command: argparse.ArgumentParser) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(max_nodes=args.max_nodes, max_depth=args.max_depth)
+    return Limits(max_nodes=args.max_nodes)
 
 
 TOKEN_ENV = "AIRFLOW_PLAN_API_TOKEN"

@@ -13,19 +13,17 @@ Settings come as a few validated objects (:mod:`airflow_plan_provider.settings`)
 ``budgets``, ``execution``, ``artifacts``, ``control_retries``, ``approval``; ``operator_args`` is passed
 to every task built here.
 
-The tasks: ``plan`` → the node tasks → ``finalize`` → ``replan`` (only runs when a replan is due; only
-in :func:`build_plan_dag`). Node tasks in layered mode (``NodeExecution(mode="layered")``): one mapped
-task per layer, ``layer_0`` … ``layer_{K-1}`` (K = ``Limits.max_depth``); layer 0 maps over the planning
-task's return value, later layers over a tiny ``select_layer_k`` task that runs alongside layer k-1, so
-no extra scheduling hop sits on the critical path. In ``mode="nodes"``: one mapped task ``nodes``, each
-node starting as soon as its own parents finish. Every task retries when its worker is lost: nodes as
-``NodeExecution`` says, the other tasks as :class:`ControlRetries` says.
+The tasks: ``plan`` → ``nodes`` → ``finalize`` → ``replan`` (only runs when a replan is due; only in
+:func:`build_plan_dag`). ``nodes`` is one mapped task, one instance per node of the plan, in the plan's
+topological order. There is no layer barrier: each node starts when its own parents finish, waiting
+for them in its slot while they run (see :class:`~airflow_plan_provider.operators.node.PlanNodeOperator`).
+Every task retries when its worker is lost: nodes as ``NodeExecution`` says, the other tasks as
+:class:`ControlRetries` says.
 
 Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whose tool declares a pool
-(``@registry.tool(pool="ticket_api")``) therefore run in a lane of their own: for each layer, beside
-``layer_k``, a task ``layer_k__<pool>`` built with that pool, mapping over its own ``select_layer_k__<pool>``
-task (``nodes__<pool>`` and ``select_nodes__<pool>`` in mode ``nodes``). A registry without pooled tools
-builds exactly the tasks above.
+(``@registry.tool(pool="ticket_api")``) therefore run in a lane of their own: beside ``nodes``, a task
+``nodes__<pool>`` built with that pool, mapping over its own ``select_nodes__<pool>`` task. A registry
+without pooled tools builds exactly the tasks above.
 
 Approval: with a tool marked ``needs_approval`` (or ``ApprovalPolicy("always")``), an ``approve`` task
 between ``plan`` and the first node tasks waits for a human when the plan needs it, and skips itself when
@@ -46,20 +44,18 @@ from airflow_plan_provider.operators.approval import PlanApprovalOperator
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.layout import (
     APPROVE_TASK,
-    EAGER_TASK,
     FINALIZE_TASK,
     PLAN_TASK,
     REPLAN_TASK,
     dag_lanes,
     lane_task_id,
-    layer_task_id,
     select_task_id,
 )
 from airflow_plan_provider.operators.node import NODE_LABEL, PlanNodeOperator
 from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.retry import ToolRetryPolicy
-from airflow_plan_provider.operators.select import LayerSelectOperator
+from airflow_plan_provider.operators.select import LaneSelectOperator
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import Planner
@@ -86,11 +82,11 @@ _checked_stores: set[str | None] = set()  # artifact stores already checked in t
 
 #: Keyword arguments of earlier versions, and what replaced each (an error names it).
 REPLACED_KEYWORDS: dict[str, str] = {
-    "max_layers": "limits=Limits(max_depth=...)",
+    "max_layers": "limits=Limits(max_nodes=...) (a plan's depth has no limit of its own)",
     "max_nodes": "limits=Limits(max_nodes=...)",
     "max_steps": "budgets=Budgets(max_steps=...)",
     "max_replans": "budgets=Budgets(max_replans=...)",
-    "eager": 'execution=NodeExecution(mode="nodes")',
+    "eager": "the default (every node starts when its own parents finish)",
     "max_active_nodes": "execution=NodeExecution(max_active_nodes=...)",
     "pool": "execution=NodeExecution(pool=...)",
     "node_retries": "execution=NodeExecution(retries=...)",
@@ -193,12 +189,8 @@ class _PlanTasks:
         plan: Mapping[str, Any] | None,
     ) -> _PlanTasks:
         limits = _setting("limits", limits, Limits)
+        _check_map_length(limits.max_nodes)
         execution = _setting("execution", execution, NodeExecution)
-        if execution.mode == "layered" and not limits.max_depth:
-            raise ValueError(
-                'NodeExecution(mode="layered") builds one task per layer: give Limits(max_depth=N), '
-                'or use mode="nodes"'
-            )
         approval = _setting("approval", approval, ApprovalPolicy)
         spec = _tools_spec(tools)
         catalog = load_tools(spec)
@@ -230,7 +222,6 @@ class _PlanTasks:
         conf and Params (the DAG form); ``replan_dag_id`` adds the ``replan`` task, which starts runs of
         that DAG.
         """
-        nodes = self.execution.mode == "nodes"
         control = {**self.operator_args, **self.control}
         node_kwargs: dict[str, Any] = {
             **self.operator_args,
@@ -245,7 +236,6 @@ class _PlanTasks:
             lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
         planning = PlanOperator(
             task_id=PLAN_TASK,
-            eager=nodes,
             planner=self.planner,
             tools=self.tools,
             repair_attempts=self.repair_attempts,
@@ -271,52 +261,40 @@ class _PlanTasks:
         # the first node tasks run after a skipped approval (none needed), never after a failed one
         first_rule = TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if approve else TriggerRule.ALL_SUCCESS
 
-        def node_task(base: str, lane: str | None, first: bool, after: list[Any]) -> Any:
-            """The mapped task of ``lane`` of node task ``base``; the default lane of the first node task
-            maps over the planning task's return value, every other over a select task of its own."""
-            task_id = lane_task_id(base, lane)
-            if first and lane is None:
+        def node_task(lane: str | None) -> Any:
+            """The mapped task of ``lane``: the default lane maps over the planning task's return value,
+            a pool's lane over a select task of its own, which runs beside the default lane."""
+            task_id = lane_task_id(lane)
+            if lane is None:
                 source = planning.output
             else:
-                # runs beside the node task before (after the one before that), off the critical path
-                select = LayerSelectOperator(
+                select = LaneSelectOperator(
                     task_id=select_task_id(task_id),
                     node_task=task_id,
-                    trigger_rule=TriggerRule.ALL_DONE,
+                    trigger_rule=first_rule,
                     approval_task_id=APPROVE_TASK if approve else None,
                     **control,
                 )
                 planning >> select
-                after >> select
-                if approve is not None and not after:  # a select that would start before the answer
+                if approve is not None:
                     approve >> select
                 source = select.output
             task = PlanNodeOperator.partial(
-                task_id=task_id,
-                trigger_rule=first_rule if first else TriggerRule.ALL_DONE,
-                **lane_kwargs[lane],
+                task_id=task_id, trigger_rule=first_rule, **lane_kwargs[lane]
             ).expand(plan_node=source)
-            if first and approve is not None:
+            planning >> task
+            if approve is not None:
                 approve >> task
             return task
 
-        previous: list[Any] = [planning]
-        layers: list[list[Any]] = []
-        for index in range(1 if nodes else (self.limits.max_depth or 1)):
-            base = EAGER_TASK if nodes else layer_task_id(index)
-            before_previous = layers[index - 2] if index >= 2 else []
-            group = [node_task(base, lane, index == 0, before_previous) for lane in lane_kwargs]
-            for task in group:
-                previous >> task
-            previous = group
-            layers.append(group)
+        lanes_tasks = [node_task(lane) for lane in lane_kwargs]
         finalize = FinalizePlanOperator(
             task_id=FINALIZE_TASK,
             trigger_rule=TriggerRule.ALL_DONE,
             replan_task_id=REPLAN_TASK if replan_dag_id else None,
             **control,
         )
-        [planning, *previous] >> finalize
+        [planning, *lanes_tasks] >> finalize
         if replan_dag_id:
             finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
 
@@ -355,14 +333,14 @@ def build_plan_dag(
     :param plan: a ready plan baked into the DAG (as ``airflow-plan freeze`` writes): each run runs it
         without calling a planner and never replans it, its strings rendered as Jinja templates with
         the run's context (say ``"{{ ds }}"``), unless the run's conf gives a plan of its own.
-    :param limits: plan size limits (default ``Limits()``), the same ``airflow-plan validate`` applies;
-        in layered mode ``max_depth`` is also the number of layer tasks.
+    :param limits: plan size limits (default ``Limits()``), the same ``airflow-plan validate`` applies:
+        ``max_nodes`` (at most Airflow's ``[core] max_map_length``), no depth limit.
     :param budgets: the trigger form's default budgets (default ``Budgets()``); a run's conf may set its
         own.
-    :param execution: how the nodes run (default ``NodeExecution()``): mode, retries, timeout,
+    :param execution: how the nodes run (default ``NodeExecution()``): retries, timeout,
         ``max_active_nodes`` (per run, in each node task), ``pool`` (shared across runs, for nodes whose
         tool declares no pool: a tool's own ``pool=`` wins for its nodes, which run in lane tasks
-        ``layer_k__<pool>``).
+        ``nodes__<pool>``), ``slot_wait`` (how long a node waits in its slot for running parents).
     :param artifacts: where outputs over ``threshold`` bytes and checkpoints go (default
         ``ArtifactStore()``); XCom carries a reference to a stored output.
     :param control_retries: how every task other than the nodes retries (default ``ControlRetries()``:
@@ -504,6 +482,18 @@ def _check_store(artifact_store: str | None) -> None:
     warning = local_store_warning(artifact_store)
     if warning:
         log.warning("%s", warning)
+
+
+def _check_map_length(max_nodes: int) -> None:
+    """Every node of a plan may be an instance of the one node task: Airflow must be able to map them."""
+    from airflow.sdk.configuration import conf
+
+    longest = conf.getint("core", "max_map_length")
+    if max_nodes > longest:
+        raise ValueError(
+            f"Limits.max_nodes={max_nodes} is more than Airflow maps in one task "
+            f"([core] max_map_length={longest})"
+        )
 
 
 def _tools_spec(tools: ToolRegistry | Mapping[str, Tool] | str | None) -> ToolRegistry | str:

@@ -298,7 +298,7 @@ def render_dag_file(
     literal, and one :func:`build_plan_dag` call. ``tools`` is ``module:attribute`` (imported when
     ``import_tools``, so the DAG knows at parse time whether any tool needs approval) or an
     entry-point name. The DAG checks a plan with ``limits`` (default ``Limits()``, as ``airflow-plan
-    validate``); its ``max_depth`` is written as the frozen plan's depth (the DAG's layer tasks).
+    validate``); the limits other than the defaults are written into the call.
     Deterministic: the same inputs give the same text.
 
     Raises :class:`FreezeError` for a bad DAG id or approval mode, a template matching no param, or a
@@ -355,7 +355,7 @@ def render_dag_file(
         tools_arg = _string(tools)
     limits = limits or Limits()
     try:
-        layers = len(validate_plan(plan, limits=limits).layers)  # the structure: the caller checks tools
+        validate_plan(plan, limits=limits)  # the structure: the caller checks tools
     except PlanValidationError as error:
         raise FreezeError(f"the plan is invalid: {error}") from None
     defaults = Limits()
@@ -364,7 +364,6 @@ def render_dag_file(
         for f in fields(Limits)
         if getattr(limits, f.name) != getattr(defaults, f.name)
     }
-    written["max_depth"] = layers
     limits_arg = ", ".join(f"{name}={value}" for name, value in written.items())
     arguments = [
         _string(dag_id),
@@ -377,13 +376,19 @@ def render_dag_file(
         "catchup=False",
         "replan=False",
         "budgets=Budgets(max_replans=0)",
-        f"limits=Limits({limits_arg})",
     ]
+    if written:
+        arguments.append(f"limits=Limits({limits_arg})")
     if approval is not None:
         arguments.append(f"approval=ApprovalPolicy({_string(approval)})")
     arguments += ['tags=["plan", "frozen"]', "doc_md=__doc__"]
     call = "".join(f"    {argument},\n" for argument in arguments)
-    names = (["ApprovalPolicy"] if approval is not None else []) + ["Budgets", "Limits", "build_plan_dag"]
+    names = [
+        *(["ApprovalPolicy"] if approval is not None else []),
+        "Budgets",
+        *(["Limits"] if written else []),
+        "build_plan_dag",
+    ]
     return (
         '"""' + "\n".join(doc) + '\n"""\n\n'
         "from __future__ import annotations\n\n"

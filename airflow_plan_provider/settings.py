@@ -4,7 +4,7 @@
   ``airflow-plan validate`` and ``freeze``, and :func:`validate_plan` use the same defaults.
 - ``Budgets`` (:mod:`~airflow_plan_provider.plan.budgets`): node executions and replans of a session;
   the trigger form's defaults.
-- :class:`NodeExecution`: how the node tasks run (mode, retries, timeout, cap, pool).
+- :class:`NodeExecution`: how the node tasks run (retries, timeout, cap, pool, waiting in a slot).
 - :class:`ArtifactStore`: where large outputs and checkpoints go, and from what size.
 - :class:`ControlRetries`: how the other tasks (plan, approve, select, finalize, replan) retry.
 - :class:`ApprovalPolicy`: when the ``approve`` task asks, who answers, how long it waits.
@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from airflow_plan_provider.artifacts import DEFAULT_THRESHOLD
 from airflow_plan_provider.plan.approval import APPROVAL_MODES, ApprovalMode
 
-ExecutionMode = Literal["layered", "nodes"]
-EXECUTION_MODES: tuple[ExecutionMode, ...] = ("layered", "nodes")
+#: How long a node waits in its slot for running parents, by default (then on the triggerer).
+DEFAULT_SLOT_WAIT = timedelta(seconds=30)
 
 #: An approver: a user id, or a mapping with ``id`` (and ``name``).
 Approver = str | Mapping[str, str]
@@ -52,9 +52,6 @@ def _duration(owner: str, name: str, value: Any, *, optional: bool = False, posi
 class NodeExecution:
     """How the node tasks run.
 
-    :param mode: ``"layered"``: one mapped task per layer (``layer_0`` … ``layer_{K-1}``, K being
-        ``Limits.max_depth``), a layer starting when the one before has finished; ``"nodes"``: one
-        mapped task ``nodes``, each node starting as soon as its own parents finish.
     :param retries: Airflow retries of a node (a transient tool error, a lost worker).
     :param retry_delay: the first retry's delay; later ones grow by ``retry_exponential_backoff``
         (a multiplier, 0 for a constant delay) up to ``max_retry_delay``.
@@ -63,6 +60,8 @@ class NodeExecution:
     :param max_active_nodes: nodes running at once in one run, in each node task.
     :param pool: an Airflow pool shared across runs by the nodes whose tool declares none (a tool's own
         pool wins for its nodes).
+    :param slot_wait: how long a node whose parents are running waits for them in its slot (polling
+        their states) before it waits on the triggerer instead.
 
     >>> NodeExecution(retries=-1)
     Traceback (most recent call last):
@@ -70,7 +69,6 @@ class NodeExecution:
     ValueError: NodeExecution.retries must be an integer >= 0, got -1
     """
 
-    mode: ExecutionMode = "layered"
     retries: int = 2
     retry_delay: timedelta = timedelta(seconds=5)
     retry_exponential_backoff: float = 2.0
@@ -78,15 +76,15 @@ class NodeExecution:
     timeout: timedelta | None = None
     max_active_nodes: int = 5
     pool: str | None = None
+    slot_wait: timedelta = DEFAULT_SLOT_WAIT
 
     def __post_init__(self) -> None:
-        if self.mode not in EXECUTION_MODES:
-            raise ValueError(f"NodeExecution.mode must be one of {EXECUTION_MODES}, got {self.mode!r}")
         _count("NodeExecution", "retries", self.retries, 0)
         _count("NodeExecution", "max_active_nodes", self.max_active_nodes, 1)
         _duration("NodeExecution", "retry_delay", self.retry_delay)
         _duration("NodeExecution", "max_retry_delay", self.max_retry_delay)
         _duration("NodeExecution", "timeout", self.timeout, optional=True, positive=True)
+        _duration("NodeExecution", "slot_wait", self.slot_wait)
         backoff = self.retry_exponential_backoff
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
             raise ValueError(
@@ -104,6 +102,7 @@ class NodeExecution:
             "max_retry_delay": self.max_retry_delay,
             "execution_timeout": self.timeout,
             "max_active_tis_per_dagrun": self.max_active_nodes,
+            "slot_wait": self.slot_wait.total_seconds(),
         }
         if self.pool:
             kwargs["pool"] = self.pool
@@ -235,6 +234,7 @@ OWNED_OPERATOR_ARGS: dict[str, str] = {
     "max_active_tis_per_dagrun": "NodeExecution(max_active_nodes=...)",
     "pool": "NodeExecution(pool=...), or a tool's own pool=",
     "pool_slots": "a tool's own pool_slots=",
+    "slot_wait": "NodeExecution(slot_wait=...)",
 }
 
 

@@ -194,7 +194,7 @@ def noop_dag_source(dag_id: str) -> str:
 def work_plan_dag_source(dag_id: str, calls_folder: Path, **build_kwargs: Any) -> str:
     """A plan DAG whose plan comes from the run's conf (``plan``); its one tool ``work(seconds)`` sleeps
     and logs the call to ``calls_folder`` through :class:`CallLog`. ``build_kwargs`` are written as their
-    ``repr`` (settings objects such as ``Limits(max_depth=3)`` included)."""
+    ``repr`` (settings objects such as ``Limits()`` included)."""
     return textwrap.dedent(
         f'''
         """Bench: a plan DAG running the plan given in the run's conf."""

@@ -124,7 +124,7 @@ def main() -> int:
     bench = Bench("bench-barrier")
     load_before = load_note()
     build = {
-        "limits": Limits(max_depth=len(WIDTHS)),
+        "limits": Limits(),
         "execution": NodeExecution(max_active_nodes=60),
         "budgets": Budgets(max_steps=200),
         "max_active_tasks": PARALLELISM,

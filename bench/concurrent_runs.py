@@ -67,7 +67,7 @@ def main() -> int:
         work_plan_dag_source(
             DAG_ID,
             bench.calls_folder,
-            limits=Limits(max_depth=LAYERS),
+            limits=Limits(),
             execution=NodeExecution(pool=POOL),
             max_active_runs=args.runs,
         ),

@@ -62,7 +62,7 @@ def main() -> int:
         work_plan_dag_source(
             LAYERED,
             bench.calls_folder,
-            limits=Limits(max_depth=len(WIDTHS)),
+            limits=Limits(),
             execution=NodeExecution(max_active_nodes=60),
             **build,
         ),
@@ -70,7 +70,7 @@ def main() -> int:
     bench.write_dag(
         EAGER,
         work_plan_dag_source(
-            EAGER, bench.calls_folder, execution=NodeExecution(mode="nodes", max_active_nodes=60), **build
+            EAGER, bench.calls_folder, execution=NodeExecution(max_active_nodes=60), **build
         ),
     )
     bench.write_dag(

@@ -110,7 +110,7 @@ def output_of(node: str, size: int) -> dict[str, Any]:
 
 def requests_for(total: int, tools: Any) -> tuple[PlanRequest, PlanRequest, PlanRequest, dict[str, Any], int]:
     outputs = {n: output_of(n, total // len(LOCKED)) for n in LOCKED}
-    limits = Limits(max_nodes=200, max_depth=6)
+    limits = Limits(max_nodes=200)
     params = {k: p.value for k, p in plan_params(GOAL, Budgets()).items()}  # the DAG's Params (defaults)
     first_conf = {**params, "goal": GOAL}
     full = PlanRequest(goal=GOAL, tools=tools, limits=limits, conf=first_conf)

@@ -77,7 +77,7 @@ def plan_dag_source(calls_folder: Path, sleep: float) -> str:
             *(ScriptedTool(t, log=LOG, sleep={sleep!r}, returns={{"tool": t}}) for t in TOOLS)
         )
         dag = build_plan_dag(
-            {PLAN_DAG!r}, planner=ScriptedPlanner({SEED_PLAN!r}), tools=tools, limits=Limits(max_depth=3)
+            {PLAN_DAG!r}, planner=ScriptedPlanner({SEED_PLAN!r}), tools=tools, limits=Limits()
         )
         '''
     )
@@ -157,7 +157,7 @@ def main() -> int:
     )
     print(f"  {'(a) loop, in-process (6 x ' + format(sleep, 'g') + ' s)':<36}{loop:>11.1f}")
     for label, kind, ms, trig in (
-        ("(b) plan DAG (max_depth=3)", "plan", b, b_trig),
+        ("(b) plan DAG", "plan", b, b_trig),
         ("(d) static DAG (6 PythonOperators)", "static", d, d_trig),
         ("(e) noop DAG (one empty task)", "noop", e, e_trig),
     ):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from airflow_plan_provider import Budgets, Limits, build_plan_dag
+from airflow_plan_provider import Budgets, build_plan_dag
 from plan_demo.tools import registry as tools
 
 PLAN = {
@@ -108,7 +108,6 @@ daily_payment_report = build_plan_dag(
     catchup=False,
     replan=False,
     budgets=Budgets(max_replans=0),
-    limits=Limits(max_depth=3),
     tags=["plan", "frozen"],
     doc_md=__doc__,
 )

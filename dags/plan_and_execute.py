@@ -12,7 +12,7 @@ connection (any OpenAI-compatible endpoint).
 
 from __future__ import annotations
 
-from airflow_plan_provider import Limits, NodeExecution, build_plan_dag
+from airflow_plan_provider import NodeExecution, build_plan_dag
 from airflow_plan_provider.planners.llm import LLMPlanner
 from plan_demo.planner import payment_latency_planner
 from plan_demo.tools import registry
@@ -24,7 +24,6 @@ plan_and_execute = build_plan_dag(
     planner=payment_latency_planner(),
     tools=registry,
     goal=GOAL,
-    limits=Limits(max_depth=4),
     execution=NodeExecution(max_active_nodes=5),
     tags=["example", "plan"],
     doc_md=__doc__,
@@ -35,7 +34,6 @@ plan_and_execute_llm = build_plan_dag(
     planner=LLMPlanner(conn_id="plan_llm_default"),
     tools=registry,
     goal=GOAL,
-    limits=Limits(max_depth=4),
     execution=NodeExecution(max_active_nodes=5),
     tags=["example", "plan", "llm"],
     doc_md=__doc__,

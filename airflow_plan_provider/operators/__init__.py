@@ -1,1 +1,1 @@
-"""Airflow operators that run a plan: planning, one mapped task per layer, finalize, replan."""
+"""Airflow operators that run a plan: planning, the mapped node tasks (one per lane), finalize, replan."""

@@ -11,8 +11,8 @@ nodes_to_approve`); when none is, the task records ``not_needed`` and skips itse
 (their trigger rule lets a skipped approval through). The outcome is pushed as XCom ``approval``:
 finalize adds it to the session (``approval.granted`` / ``approval.rejected`` events, the
 SessionResult's ``approvals``). A rejection, or no answer before ``response_timeout`` (the request's
-default answer is "Reject"), skips the node tasks; the ``select_layer_k`` tasks skip too, so no node
-runs, and finalize ends the session failed with reason ``rejected``.
+default answer is "Reject"), skips the node tasks and the pool lanes' ``select_nodes__<pool>`` tasks,
+so no node runs, and finalize ends the session failed with reason ``rejected``.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class PlanApprovalOperator(ApprovalOperator):
         ti.xcom_push(key=APPROVAL_KEY, value=approval.model_dump(mode="json"))
         self.log.info("approval of nodes %s: %s (%s)", approval.nodes, approval.status, approval.message)
         if approval.status != "granted":
-            # the node tasks (and select_layer_1) follow this task directly; later selects check the record
+            # the node tasks and the lanes' select tasks follow this task directly
             self.skip(ti=ti, tasks=self.get_direct_relatives(upstream=False))
         return approval.model_dump(mode="json")
 

@@ -16,7 +16,7 @@ from airflow_plan_provider.operators.layout import (
     REPLAN_CONF_KEY,
     REPLAN_TASK,
     RESULT_KEY,
-    pull_layer_records,
+    pull_node_records,
     pull_plan,
     pull_session,
     task_id_in,
@@ -35,12 +35,12 @@ from airflow_plan_provider.plan.session import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-NO_REPORT = "the node's task ended without reporting (killed, timed out, or its layer never ran)"
+NO_REPORT = "the node's task ended without reporting (killed, timed out, or its task never ran)"
 
 
 def collect_records(ti: Any, plan: ValidatedPlan, state: SessionState) -> dict[str, NodeRecord]:
     """Every node's record; a node whose task never reported counts as failed."""
-    reported = pull_layer_records(ti, plan, run_context(state))
+    reported = pull_node_records(ti, plan, run_context(state))
     return {
         node.id: reported.get(node.id)
         or NodeRecord(

@@ -1,12 +1,14 @@
 """Names and helpers shared by the plan operators: task ids, XCom keys, and where node records are.
 
 Where a node runs is decided in one place, :func:`node_tasks`: the node tasks of a run and the node ids
-each one maps, in map-index order. Nodes run in ``layer_k`` (or ``nodes`` in eager mode), except nodes
-whose tool declares an Airflow pool: Airflow gives every instance of a mapped task the task's pool, so
-those run in a lane of their own, ``layer_k__<lane>`` (``nodes__<lane>``), built with that pool. The
-planning task records each pooled node's lane in the run's context (``RunContext.lanes``); every reader —
-the tasks that return a task's node ids to map over, the nodes reading their parents' records, finalize —
-locates nodes through :func:`node_location` / :func:`node_tasks` with that context.
+each one maps, in map-index order. Nodes run in the mapped task ``nodes``, except nodes whose tool
+declares an Airflow pool: Airflow gives every instance of a mapped task the task's pool, so those run in
+a lane of their own, ``nodes__<lane>``, built with that pool. In every task the map-index order is the
+plan's topological (layer) order: among instances of equal priority weight Airflow's scheduler hands
+out slots in map-index order, so a node's parents in its task get slots before it. The planning task
+records each pooled node's lane in the run's context (``RunContext.lanes``); every reader — the tasks
+that return a lane's node ids to map over, the nodes reading their parents' records, finalize — locates
+nodes through :func:`node_location` / :func:`node_tasks` with that context.
 
 Inside a task group (:func:`~airflow_plan_provider.dag_factory.plan_task_group`) every task id carries
 the group's prefix (``triage.plan``, ``triage.nodes``). The ids here are the unprefixed ones; every read
@@ -34,7 +36,7 @@ PLANNING_ERROR_KEY = "planning_error"
 NODE_KEY = "node"
 RESULT_KEY = "return_value"
 REPLAN_CONF_KEY = "replan_conf"
-EAGER_TASK = "nodes"
+NODES_TASK = "nodes"
 LANE_SEPARATOR = "__"
 APPROVE_TASK = "approve"
 APPROVAL_KEY = "approval"
@@ -52,18 +54,14 @@ def task_id_in(ti: Any, task_id: str) -> str:
     return group_prefix(getattr(ti, "task", None)) + task_id
 
 
-def layer_task_id(index: int, lane: str | None = None) -> str:
-    return lane_task_id(f"layer_{index}", lane)
-
-
 def select_task_id(node_task: str) -> str:
-    """The task returning the node ids ``node_task`` maps (``select_layer_1``, ``select_nodes__api``)."""
+    """The task returning the node ids a pool lane's task maps (``select_nodes__api``)."""
     return f"select_{node_task}"
 
 
-def lane_task_id(base: str, lane: str | None) -> str:
-    """The task id of ``lane`` of a node task (``layer_0``, ``nodes``, ``select_layer_1``, ...)."""
-    return f"{base}{LANE_SEPARATOR}{lane}" if lane else base
+def lane_task_id(lane: str | None) -> str:
+    """The node task of ``lane``: ``nodes`` for the default lane, ``nodes__<lane>`` for a pool's."""
+    return f"{NODES_TASK}{LANE_SEPARATOR}{lane}" if lane else NODES_TASK
 
 
 def lane_of(tool: Tool) -> str | None:
@@ -89,7 +87,7 @@ def dag_lanes(tools: Iterable[Tool]) -> dict[str, Tool]:
             raise ValueError(
                 f"tools {other.name!r} (pool {other.pool!r}, {other.pool_slots} slot(s)) and {tool.name!r} "
                 f"(pool {tool.pool!r}, {tool.pool_slots} slot(s)) would share the node tasks "
-                f"'layer_k{LANE_SEPARATOR}{lane}': rename one of the pools"
+                f"{lane_task_id(lane)!r}: rename one of the pools"
             )
     return dict(sorted(lanes.items()))
 
@@ -102,19 +100,13 @@ def locked_key(node_id: str) -> str:
 def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     """Node task id → the node ids it maps, in map-index order: where every node of the run runs.
 
-    Layered: ``layer_k`` holds layer k's nodes in the default lane, ``layer_k__<lane>`` those in a
-    pool's lane. Eager: ``nodes`` and ``nodes__<lane>`` hold the nodes in layer order. A task with no
-    node is absent.
+    ``nodes`` holds the nodes of the default lane, ``nodes__<lane>`` those of a pool's lane, each in the
+    plan's layer order (a parent before its children). A task with no node is absent.
     """
-    groups = (
-        [(EAGER_TASK, [n for layer in plan.layers for n in layer])]
-        if run.eager
-        else [(layer_task_id(index), layer) for index, layer in enumerate(plan.layers)]
-    )
     tasks: dict[str, list[str]] = {}
-    for base, nodes in groups:
-        for node in nodes:
-            tasks.setdefault(lane_task_id(base, run.lanes.get(node)), []).append(node)
+    for layer in plan.layers:
+        for node in layer:
+            tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
     return tasks
 
 
@@ -142,8 +134,7 @@ def pull_locked(ti: Any, node_id: str) -> LockedOutput:
 
 def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:
     """The task id and map index of a node's task instance."""
-    base = EAGER_TASK if run.eager else layer_task_id(plan.layer_of(node_id))
-    task_id = lane_task_id(base, run.lanes.get(node_id))
+    task_id = lane_task_id(run.lanes.get(node_id))
     return task_id, node_tasks(plan, run)[task_id].index(node_id)
 
 
@@ -156,23 +147,36 @@ def locations(plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str]) -> 
     return found
 
 
-def pull_node_record(ti: Any, plan: ValidatedPlan, run: RunContext, node_id: str) -> NodeRecord | None:
-    """The record a node pushed (status, output, ...), or None if its task never reported."""
-    task_id, index = node_location(plan, run, node_id)
-    record = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY, map_indexes=index)
-    return NodeRecord.model_validate(record) if isinstance(record, dict) else None
+def pull_node_records(
+    ti: Any, plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str] | None = None
+) -> dict[str, NodeRecord]:
+    """Node id → the record it pushed (status, output, ...), for ``node_ids`` (default: every node of
+    the run); a node whose task never reported is absent.
 
-
-def pull_layer_records(ti: Any, plan: ValidatedPlan, run: RunContext) -> dict[str, NodeRecord]:
-    """Every node record of the run, node id → record: one XCom request per node task."""
+    One XCom request per node task holding a wanted node: the task's records up to the highest wanted
+    map index, as one sequence slice (records are ordered by map index, and a task has at most one
+    record per index, so the first ``index + 1`` records hold every record at or below ``index``).
+    """
+    wanted = None if node_ids is None else set(node_ids)
     records: dict[str, NodeRecord] = {}
-    for task_id in node_tasks(plan, run):
-        values = ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY)  # all map indexes
-        for value in values if isinstance(values, list) else [values]:
-            if isinstance(value, dict) and "node_id" in value:
-                record = NodeRecord.model_validate(value)
-                records[record.node_id] = record
+    for task_id, nodes in node_tasks(plan, run).items():
+        indexes = [index for index, node in enumerate(nodes) if wanted is None or node in wanted]
+        if not indexes:
+            continue
+        for value in _pull_records(ti, task_id, stop=max(indexes) + 1):
+            node_id = value.get("node_id") if isinstance(value, dict) else None
+            if node_id in nodes and (wanted is None or node_id in wanted):
+                records[node_id] = NodeRecord.model_validate(value)
     return records
+
+
+def _pull_records(ti: Any, task_id: str, stop: int) -> list[Any]:
+    """The first ``stop`` node records of ``task_id`` in this run (by map index), in one request."""
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+    from airflow.sdk.execution_time.lazy_sequence import LazyXComSequence
+
+    source = PlainXComArg(ti.task.dag.get_task(task_id_in(ti, task_id)), key=NODE_KEY)
+    return list(LazyXComSequence(xcom_arg=source, ti=ti)[:stop])
 
 
 def approval_lets_nodes_run(record: Any) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
@@ -19,7 +19,7 @@ from airflow_plan_provider.operators.layout import (
     group_prefix,
     locations,
     pull_locked,
-    pull_node_record,
+    pull_node_records,
     pull_plan,
     pull_run_context,
     task_id_in,
@@ -32,14 +32,21 @@ from airflow_plan_provider.plan.events import EventSource, make_event, outcome_e
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.result import Event, NodeRecord, now, summarize
 from airflow_plan_provider.plan.session import RunContext
-from airflow_plan_provider.tools.jobs import callable_path
+from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
-from airflow_plan_provider.triggers.job import ToolJobTrigger
-from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finished_states
+from airflow_plan_provider.triggers.parents import (
+    ParentsFinishedTrigger,
+    ParentsWait,
+    parent_states,
+    parents_wait,
+)
+from airflow_plan_provider.triggers.payloads import validate_parents_event
 
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
+POLL_FIRST, POLL_MAX, POLL_GROWTH = 0.2, 2.0, 1.5  # seconds between polls of the parents' states
+MAKE_WAY_FIRST, MAKE_WAY_MAX = 1.0, 15.0  # seconds a node that made way waits before it looks again
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 
@@ -115,14 +122,17 @@ class NodeRun:
 class PlanNodeOperator(BaseOperator):
     """Run node ``plan_node`` of the plan published by the planning task (one instance per mapped node).
 
-    Skips when a hard parent failed or was skipped, or a parent's result made it moot; runs with the
-    missing inputs named when an optional parent failed; reuses a locked node's output without calling
-    its tool. Transient tool errors are retried by Airflow; permanent ones fail at once. An asynchronous
-    tool's job is waited for on the triggerer (deferred, no worker slot held). A node that already
-    succeeded in this revision (checkpoint keyed by its idempotency key) is not run again, even when
-    its task is cleared, so clearing a failed node with its downstream re-runs only what had not
-    succeeded. Outputs larger than
-    ``artifact_threshold`` bytes go to the artifact store, and XCom holds a reference.
+    Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
+    then on the triggerer, and it gives its slot back to a parent that needs one (see
+    :mod:`airflow_plan_provider.triggers.parents` for the rules and why they cannot deadlock; at most
+    ``slot_wait`` seconds in the slot). Skips when a hard parent failed or was skipped, or a parent's
+    result made it moot; runs with the missing inputs named when an optional parent failed; reuses a
+    locked node's output without calling its tool. Transient tool errors are retried by Airflow;
+    permanent ones fail at once. An asynchronous tool's job is waited for on the triggerer (deferred, no
+    worker slot held). A node that already succeeded in this revision (checkpoint keyed by its
+    idempotency key) is not run again, even when its task is cleared, so clearing a failed node with its
+    downstream re-runs only what had not succeeded. Outputs larger than ``artifact_threshold`` bytes go
+    to the artifact store, and XCom holds a reference.
     Every outcome is pushed as XCom ``node`` for the nodes downstream and for finalize.
 
     The task log tells the node's decision (runs, runs without which inputs, reused, skipped because
@@ -143,10 +153,12 @@ class PlanNodeOperator(BaseOperator):
         artifact_store: str | None = None,
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
         checkpoints: bool = True,
+        slot_wait: float = DEFAULT_SLOT_WAIT.total_seconds(),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.checkpoints = checkpoints
+        self.slot_wait = slot_wait
         self.plan_node = plan_node
         self.tools = tools
         self.artifact_store = artifact_store
@@ -175,9 +187,9 @@ class PlanNodeOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         run = self._start(context)
         ti, plan, node, run_ctx = run.ti, run.plan, run.node, run.run_context
-        if run_ctx.eager:  # a parent still running has no record yet: read records once parents finished
-            self._wait_for_parents(ti, plan, run_ctx, list(plan.parents[node.id]))
-        parents = {p: pull_node_record(ti, plan, run_ctx, p) for p in plan.parents[node.id]}
+        self._await_parents(run, context)  # a parent still running has no record yet
+        records = pull_node_records(ti, plan, run_ctx, plan.parents[node.id])
+        parents = {p: records.get(p) for p in plan.parents[node.id]}
         statuses = {p: r.status if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.replan_requested]
         decision = decide(plan, node.id, statuses, moot)
@@ -310,27 +322,58 @@ class PlanNodeOperator(BaseOperator):
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
-    def _wait_for_parents(
-        self, ti: Any, plan: ValidatedPlan, run_ctx: RunContext, parents: list[str]
-    ) -> None:
-        """Eager mode: defer until every parent's task instance has finished (parents in another lane
-        are instances of another task)."""
-        if not parents:
+    def _await_parents(self, run: NodeRun, context: Any) -> None:
+        """Return once every parent's task instance has finished. Until then poll their states (one
+        request per poll, backing off from ``POLL_FIRST`` to ``POLL_MAX`` seconds) while they run, for
+        at most ``slot_wait`` seconds; then defer to the triggerer, or make way for a parent that needs
+        a slot (reschedule this instance), as :func:`~airflow_plan_provider.triggers.parents.parents_wait`
+        decides."""
+        parent_ids = run.plan.parents[run.node.id]
+        if not parent_ids:
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        tasks = {task_id_in(ti, task): indexes for task, indexes in locations(plan, run_ctx, parents).items()}
-        states = RuntimeTaskInstance.get_task_states(
-            dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
-        )
-        if finished_states(states, ti.run_id, tasks):
-            return
-        self.defer(
-            trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
-            method_name="resume_after_parents",
-        )
+        ti = run.ti
+        where = locations(run.plan, run.run_context, parent_ids)
+        tasks = {task_id_in(ti, task): indexes for task, indexes in where.items()}
+        began = time.monotonic()
+        pause = POLL_FIRST
+        while True:
+            found = RuntimeTaskInstance.get_task_states(
+                dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
+            )
+            waited = time.monotonic() - began
+            decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
+            if decision is ParentsWait.READY:
+                if waited >= POLL_FIRST:
+                    self.log.info("node %s: parents finished after %.1f s in its slot", run.node.id, waited)
+                return
+            if decision is ParentsWait.WAIT:
+                time.sleep(pause)
+                pause = min(pause * POLL_GROWTH, POLL_MAX)
+                continue
+            if decision is ParentsWait.MAKE_WAY:
+                made_way = min(int(context.get("task_reschedule_count") or 0), 8)
+                delay = min(MAKE_WAY_FIRST * 2**made_way, MAKE_WAY_MAX)
+                self.log.info(
+                    "node %s: a parent waits for a slot or a retry; this node makes way and looks again "
+                    "in %s s",
+                    run.node.id,
+                    delay,
+                )
+                raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=delay))
+            self.log.info(
+                "node %s: parents still running after %.1f s; waiting on the triggerer", run.node.id, waited
+            )
+            self.defer(
+                trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
+                method_name="resume_after_parents",
+            )
 
     def resume_after_parents(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
+        """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
+        look at the parents again."""
+        validate_parents_event(event)
         self.execute(context)
 
     def _succeed(self, run: NodeRun, key: str, output: Any, **fields: Any) -> None:
@@ -340,11 +383,16 @@ class PlanNodeOperator(BaseOperator):
         the next try finds it and does not call the tool again.
         """
         try:
-            json.dumps(output)
+            text = json.dumps(output, sort_keys=True)  # the one encoding: size, artifact and summary
         except (TypeError, ValueError) as error:
             raise run.fail(f"tool output is not JSON-serialisable: {error}") from error
+        summary = summarize(output if isinstance(output, str) else text)
         artifact = artifacts.store(
-            output, key=key, base_url=self.artifact_store, threshold=self.artifact_threshold
+            text.encode(),
+            summary=summary,
+            key=key,
+            base_url=self.artifact_store,
+            threshold=self.artifact_threshold,
         )
         if artifact is not None:
             self.log.info(
@@ -353,7 +401,7 @@ class PlanNodeOperator(BaseOperator):
         outcome = {
             "output": None if artifact is not None else output,
             "artifact": artifact,
-            "output_summary": summarize(output),
+            "output_summary": summary,
             **fields,
         }
         self.log.info(
@@ -397,6 +445,9 @@ class PlanNodeOperator(BaseOperator):
             tool.poll_interval,
         )
         assert tool.poll is not None
+        from airflow_plan_provider.tools.jobs import callable_path  # only asynchronous tools need these
+        from airflow_plan_provider.triggers.job import ToolJobTrigger
+
         self.defer(
             trigger=ToolJobTrigger(
                 poll_path=callable_path(tool.poll),

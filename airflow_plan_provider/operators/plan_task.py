@@ -23,13 +23,12 @@ from airflow_plan_provider import artifacts
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
-    EAGER_TASK,
+    NODES_TASK,
     PLAN_KEY,
     PLANNING_ERROR_KEY,
     RUN_CONTEXT_KEY,
     SESSION_KEY,
     lane_of,
-    layer_task_id,
     locked_key,
     node_tasks,
 )
@@ -69,7 +68,7 @@ ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 
 class PlanOperator(BaseOperator):
     """Plan (or replan) and validate; push the plan and session state; return the node ids the first
-    node task maps (``layer_0``, or ``nodes`` in eager mode).
+    default lane's node task ``nodes`` maps (in the plan's layer order).
 
     The run's conf (or the DAG's Params) gives ``goal``, optionally a ready ``plan`` (the planner is then
     skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``goal`` and ``session``
@@ -86,9 +85,8 @@ class PlanOperator(BaseOperator):
 
     :param planner: the planner; ``None`` runs only ready plans given in the conf.
     :param tools: a tool registry, or ``"module:attribute"`` naming one.
-    :param limits: plan size and depth limits.
+    :param limits: plan size limits.
     :param repair_attempts: how many times invalid plans are sent back to the planner (0 or more).
-    :param eager: map nodes as one task, each starting when its own parents finish.
     :param lanes: the pool lanes this DAG has node tasks for; a node whose tool declares a pool runs in
         its lane (recorded in the session), and a pool with no lane here fails planning.
     :param artifact_store: the DAG's artifact store, checked to be shared by every worker (a warning).
@@ -115,7 +113,6 @@ class PlanOperator(BaseOperator):
         budgets: Budgets | None = None,
         goal: str | None = None,
         repair_attempts: int = 2,
-        eager: bool = False,
         lanes: Sequence[str] = (),
         artifact_store: str | None = None,
         ready_plan: Mapping[str, Any] | None = None,
@@ -127,7 +124,6 @@ class PlanOperator(BaseOperator):
         self.ready_plan = dict(ready_plan) if ready_plan is not None else None
         if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
             raise ValueError(f"repair_attempts must be an integer >= 0, got {repair_attempts!r}")
-        self.eager = eager
         self.planner = planner
         self.tools = tools
         self.limits = limits or Limits()
@@ -151,7 +147,7 @@ class PlanOperator(BaseOperator):
             state = self._session(ti, conf, params, run_id)
         except PlanningError as error:
             # nothing of the rejected session is kept: a fresh session reports the rejection
-            self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id, eager=self.eager), error)
+            self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id), error)
         self.parent_run_id = state.parent_run_id
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
@@ -199,7 +195,7 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
-        return node_tasks(plan, run).get(EAGER_TASK if self.eager else layer_task_id(0), [])
+        return node_tasks(plan, run).get(NODES_TASK, [])
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""
@@ -253,7 +249,7 @@ class PlanOperator(BaseOperator):
     ) -> SessionState:
         if conf.get("session") is not None:
             verified = verified_session(ti, conf, run_id)
-            return continue_session(verified, dag_id=ti.dag_id, run_id=run_id, eager=self.eager)
+            return continue_session(verified, dag_id=ti.dag_id, run_id=run_id)
         budgets = Budgets(
             max_steps=int(params.get("max_steps") or self.budgets.max_steps),
             max_replans=int(params["max_replans"])
@@ -261,7 +257,7 @@ class PlanOperator(BaseOperator):
             else self.budgets.max_replans,
         )
         goal = str(params.get("goal") or "")
-        return start_session(goal=goal, budgets=budgets, dag_id=ti.dag_id, run_id=run_id, eager=self.eager)
+        return start_session(goal=goal, budgets=budgets, dag_id=ti.dag_id, run_id=run_id)
 
     def _plan(
         self,

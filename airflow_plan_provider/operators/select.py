@@ -1,4 +1,4 @@
-"""The select tasks of layered mode: return the node ids one node task maps in this run."""
+"""The select tasks of the pool lanes: return the node ids one lane's node task maps in this run."""
 
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class LayerSelectOperator(BaseOperator):
-    """Return the node ids the node task ``node_task`` maps in this run (see ``layout.node_tasks``):
-    one layer's nodes in one lane; empty when the plan is shallower or has no such node.
+class LaneSelectOperator(BaseOperator):
+    """Return the node ids the node task ``node_task`` (``nodes__<pool>``) maps in this run, in the
+    plan's layer order (see ``layout.node_tasks``); empty when the plan has no node in that lane.
 
-    Runs beside the layer before, and skips itself (so its node task is skipped) when planning failed,
-    or when the DAG asks for approval (``approval_task_id``) and the plan was not approved.
+    Airflow expands a mapped task over another task's return value only, so each pool lane maps over a
+    task of its own. Skips itself (so its node task is skipped) when planning failed, or when the DAG
+    asks for approval (``approval_task_id``) and the plan was not approved.
 
-    :param node_task: the task id of the node task this select task feeds.
+    :param node_task: the task id of the lane's node task this select task feeds.
     :param approval_task_id: the approval task whose answer must let the nodes run, or ``None`` when the
         DAG asks for no approval.
     :param kwargs: passed on to :class:`~airflow.sdk.BaseOperator`.

@@ -18,7 +18,6 @@ ProblemCode = Literal[
     "bad_reference",
     "too_many_nodes",
     "too_many_edges",
-    "too_deep",
     "too_nested",
     "param_too_large",
     "too_long",

@@ -89,7 +89,6 @@ class SessionState(BaseModel):
     # it); "dag": the plan built into the DAG (a frozen plan), never replanned either; "planner": written
     # by the DAG's planner
     plan_source: PlanSource = "planner"
-    eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     # node id -> the lane (a pool's node tasks) it runs in; a node absent here runs in the default lane
     lanes: dict[str, str] = Field(default_factory=dict)
     execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
@@ -137,7 +136,6 @@ class RunContext(BaseModel):
 
     root_run_id: str = ""
     revision: int = 0
-    eager: bool = False  # nodes run as one mapped task, each starting when its own parents finish
     lanes: dict[str, str] = Field(default_factory=dict)  # node id -> lane (absent: the default lane)
     execution_order: list[str] = Field(default_factory=list)  # nodes this revision executes, in order
     budgets: Budgets = Field(default_factory=Budgets)
@@ -156,7 +154,7 @@ def replan_conf(state: SessionState) -> dict[str, Any]:
 
 
 def start_session(
-    *, goal: str, budgets: Budgets | None = None, dag_id: str = "", run_id: str, eager: bool = False
+    *, goal: str, budgets: Budgets | None = None, dag_id: str = "", run_id: str
 ) -> SessionState:
     """A new session for ``goal``, begun by run ``run_id`` (its root run)."""
     return SessionState(
@@ -165,18 +163,13 @@ def start_session(
         root_run_id=run_id,
         run_ids=[run_id],
         budgets=budgets or Budgets(),
-        eager=eager,
     )
 
 
-def continue_session(
-    state: SessionState, *, dag_id: str = "", run_id: str, eager: bool = False
-) -> SessionState:
+def continue_session(state: SessionState, *, dag_id: str = "", run_id: str) -> SessionState:
     """A replan session (prepared by :func:`~airflow_plan_provider.plan.conclusion.prepare_replan`, and
     verified by the caller to be one) as run ``run_id`` begins it."""
-    return state.model_copy(
-        deep=True, update={"run_ids": [*state.run_ids, run_id], "dag_id": dag_id, "eager": eager}
-    )
+    return state.model_copy(deep=True, update={"run_ids": [*state.run_ids, run_id], "dag_id": dag_id})
 
 
 def record_plan(
@@ -319,7 +312,6 @@ def run_context(state: SessionState) -> RunContext:
     return RunContext(
         root_run_id=state.root_run_id,
         revision=state.revision,
-        eager=state.eager,
         lanes=state.lanes,
         execution_order=state.execution_order,
         budgets=state.budgets,

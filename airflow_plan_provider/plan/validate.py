@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 class Limits:
     """Size limits on a plan.
 
-    ``max_nodes`` caps the nodes and ``max_depth`` the layers (the DAG's layer tasks); a plan may have
+    ``max_nodes`` caps the nodes (a plan may be as deep as it has nodes: nodes do not run by layers),
+    and a plan may have
     ``max_edges_per_node`` times ``max_nodes`` edges (:attr:`max_edges`; ``dependencies`` count as
     edges). The rest bound what one node holds, so that a plan from an untrusted planner or conf costs
     little to check and to store:
@@ -45,7 +46,6 @@ class Limits:
     """
 
     max_nodes: int = 200
-    max_depth: int = 10
     max_edges_per_node: int = 10
     max_param_depth: int = 32
     max_param_chars: int = 64 * 1024
@@ -54,7 +54,6 @@ class Limits:
     def __post_init__(self) -> None:
         for name in (
             "max_nodes",
-            "max_depth",
             "max_edges_per_node",
             "max_param_depth",
             "max_param_chars",
@@ -482,15 +481,6 @@ def validate_plan(
     except CycleError as error:
         cycle = [str(node) for node in error.args[1]]
         problems.append(Problem("cycle", f"plan has a cycle: {' -> '.join(cycle)}", tuple(cycle)))
-    else:
-        if len(layers) > limits.max_depth:
-            problems.append(
-                Problem(
-                    "too_deep",
-                    f"plan needs {len(layers)} layers; this DAG runs at most {limits.max_depth}",
-                    tuple(layers[limits.max_depth]),
-                )
-            )
     if problems:
         raise PlanValidationError(problems)
     return ValidatedPlan(

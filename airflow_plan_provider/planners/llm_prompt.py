@@ -180,9 +180,8 @@ into it (dict keys and list indexes, separated by dots). A param that is exactly
 the referenced value with its type; inside a longer string the reference is replaced by its text. \
 A reference makes ID a parent of the node. Write "$${{" for a literal "${{".
 - Every edge, dependency and reference names a node of the plan; no node depends on itself; no cycles.
-- Limits: at most {max_nodes} nodes, and at most {max_depth} layers (the longest chain of \
-dependent nodes has at most {max_depth} nodes). Steps that do not need each other's results \
-should not depend on each other: they run in parallel.
+- Limits: at most {max_nodes} nodes. Steps that do not need each other's results should not \
+depend on each other: they run in parallel.
 
 Tool catalog (name: description, then the args JSON Schema):
 {catalog}"""
@@ -190,9 +189,7 @@ Tool catalog (name: description, then the args JSON Schema):
 
 def system_prompt(request: PlanRequest) -> str:
     catalog = request.tools.catalog_text() or "(no tools)"
-    return RULES.format(
-        max_nodes=request.limits.max_nodes, max_depth=request.limits.max_depth, catalog=catalog
-    )
+    return RULES.format(max_nodes=request.limits.max_nodes, catalog=catalog)
 
 
 def _conf_text(conf: Mapping[str, Any]) -> str:

@@ -64,7 +64,7 @@ class RunData:
     ``xcoms`` maps ``(task_id, map_index, key)`` to the value as the task pushed it; ``tis`` maps
     ``(task_id, map_index)`` to the task instance's ``state``, ``try_number``, ``start_date``,
     ``end_date``, ``duration`` (seconds) and ``hostname``. ``xcom`` and ``ti`` take the plan's own task
-    ids (``plan``, ``layer_0``) and add ``prefix`` when the plan runs in a task group.
+    ids (``plan``, ``nodes``) and add ``prefix`` when the plan runs in a task group.
     """
 
     run_id: str
@@ -270,8 +270,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     }
     marks = _diff_marks(diff)
     lanes = session.get("lanes")
-    layout = RunContext(  # where the run's nodes are: eager or layered, and each pooled node's lane
-        eager=bool(session.get("eager")),
+    layout = RunContext(  # where the run's nodes are: each pooled node's lane
         lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
     )
     for layer_index, layer in enumerate(plan.layers):

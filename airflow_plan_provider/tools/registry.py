@@ -39,7 +39,7 @@ import jsonschema
 from pydantic import BaseModel, create_model
 
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
-# a tool's pool name becomes part of task ids (``layer_0__<pool>``): the characters Airflow allows there
+# a tool's pool name becomes part of task ids (``nodes__<pool>``): the characters Airflow allows there
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 F = TypeVar("F", bound=Callable[..., Any])  # a tool's function, returned unchanged by ToolRegistry.tool
 ALL_INSTALLED = "*"  # the explicit opt-in to every registry installed under ENTRY_POINT_GROUP

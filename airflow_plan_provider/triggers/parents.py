@@ -1,38 +1,106 @@
-"""Wait on the triggerer until a node's parents (instances of the run's node tasks) have finished."""
+"""Waiting for a node's parents: what to do given their task instances' states, and the trigger that
+waits for them on the triggerer.
+
+A node instance whose parents have not all finished decides with :func:`parents_wait` (a pure function
+of the parents' states and how long it has waited in its slot):
+
+- ``READY``: every parent finished; read their records and run.
+- ``WAIT``: every unfinished parent is running (or was queued a moment ago): keep the slot and poll
+  again shortly. The parent's result is picked up without a scheduler hop or a second task start.
+- ``DEFER``: the parents have their slots but are slow (the in-slot bound passed, a parent stays
+  queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
+- ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
+  needs a slot, so give this one back (the node reschedules itself) and look again after a short
+  delay.
+
+Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pools, the DAG's
+``max_active_tasks``, the executor's parallelism) and however parents retry:
+
+1. What a node instance holds. Running, it holds a slot under every cap. Deferred, it holds no worker,
+   pool or DAG slot, but Airflow counts it toward its task's ``max_active_tis_per_dagrun``
+   (``airflow.ti_deps.dependencies_states.ACTIVE_STATES``). Up for reschedule, it holds nothing.
+2. A waiting node holds a slot only while every parent it waits for is running, and for a bounded
+   time (the in-slot bound; a queued parent for :data:`QUEUED_GRACE` seconds only); a running parent
+   makes progress (its tool, or its own bounded wait) and so does not depend on the waiter's slot.
+3. A deferred node holds its task's cap only while its parents have started: the trigger releases it
+   (``make_way``) as soon as one goes back to waiting for a slot (a retry), and the node then makes way.
+4. Map indexes follow the plan's topological order, and the scheduler hands out a task's free slots in
+   map-index order (same priority weight). Take the unfinished node ``u`` earliest in that order: its
+   parents all finished, and every other unfinished instance of its task comes after it. Every
+   instance holding a slot or cap of ``u``'s task lets go within a bounded time or when a running
+   instance finishes (1 to 3), so a slot frees, and ``u`` gets it before any later instance. ``u`` runs;
+   by induction every node runs. Caps shared by several tasks (pools, the DAG's
+   ``max_active_tasks``, parallelism) count no deferred or rescheduled instance, and a running waiter
+   lets go within its bound, so they free too.
+
+Without point 3 a cap of 2 deadlocks: a root retries while two of its children wait deferred; the
+deferred children fill the task's cap and the root's retry never gets a slot.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from enum import StrEnum
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_plan_provider.triggers.payloads import PARENTS_READY
+from airflow_plan_provider.triggers.payloads import PARENTS_MAKE_WAY, PARENTS_READY
 
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+#: states of a parent that has its slot (or is about to run): waiting on it needs no slot of its own
+STARTED = frozenset({"running", "queued", "deferred"})
+#: how long a node waits in its slot for a parent that is queued but not yet running (seconds): longer
+#: means the executor has no room for it (say, every worker slot is held), so the node defers
+QUEUED_GRACE = 10.0
 
 
-def finished_states(task_states: dict[str, Any], run_id: str, parents: Mapping[str, list[int]]) -> bool:
-    """Whether every task instance named in ``parents`` (task id → map indexes) has finished."""
+class ParentsWait(StrEnum):
+    READY = PARENTS_READY
+    WAIT = "wait"
+    DEFER = "defer"
+    MAKE_WAY = PARENTS_MAKE_WAY
+
+
+def parents_wait(states: Iterable[str | None], waited: float, slot_wait: float) -> ParentsWait:
+    """What a node does given its parents' task instance states, having waited ``waited`` seconds in
+    its slot out of at most ``slot_wait`` (see the module docstring).
+
+    >>> parents_wait(["success", "running"], waited=1.0, slot_wait=30.0)
+    <ParentsWait.WAIT: 'wait'>
+    >>> parents_wait(["up_for_retry", "running"], waited=0.0, slot_wait=30.0)
+    <ParentsWait.MAKE_WAY: 'make_way'>
+    """
+    unfinished = [state for state in states if state not in FINISHED]
+    if not unfinished:
+        return ParentsWait.READY
+    if any(state not in STARTED for state in unfinished):
+        return ParentsWait.MAKE_WAY
+    if waited >= slot_wait or "deferred" in unfinished:
+        return ParentsWait.DEFER
+    if "queued" in unfinished and waited >= QUEUED_GRACE:
+        return ParentsWait.DEFER
+    return ParentsWait.WAIT
+
+
+def parent_states(
+    task_states: Mapping[str, Any], run_id: str, parents: Mapping[str, list[int]]
+) -> list[str | None]:
+    """The states of the task instances ``parents`` (task id → map indexes), from what
+    ``RuntimeTaskInstance.get_task_states`` returned; None for an instance without a state."""
     states = task_states.get(run_id, {})
-    return all(
-        states.get(f"{task_id}_{index}") in FINISHED
-        for task_id, indexes in parents.items()
-        for index in indexes
-    )
+    return [states.get(f"{task_id}_{index}") for task_id, indexes in parents.items() for index in indexes]
 
 
 class ParentsFinishedTrigger(BaseTrigger):
     """Poll the states of the mapped task instances ``parents`` (task id → map indexes) of one run until
-    all have finished, then yield ``{"status": "ready"}``.
+    all have finished (``{"status": "ready"}``), or until one of them waits for a slot again
+    (``{"status": "make_way"}``: the deferred node lets go of its task's cap, see the module docstring).
 
     :param dag_id: the plan DAG's id.
     :param run_id: the run whose task instances are waited for.
     :param parents: task id → the map indexes of that task to wait for.
-    :param node_task_id: with ``map_indexes``, the form triggers serialized before nodes ran in several
-        tasks (pool lanes); it is still read, so a trigger deferred by an earlier version resumes.
-    :param map_indexes: the map indexes of ``node_task_id``.
     :param poll_interval: seconds between two reads of the task states.
     """
 
@@ -41,18 +109,13 @@ class ParentsFinishedTrigger(BaseTrigger):
         *,
         dag_id: str,
         run_id: str,
-        parents: Mapping[str, list[int]] | None = None,
-        node_task_id: str | None = None,
-        map_indexes: list[int] | None = None,
+        parents: Mapping[str, list[int]],
         poll_interval: float = 1.0,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
         self.run_id = run_id
-        merged = {task_id: list(indexes) for task_id, indexes in (parents or {}).items()}
-        if node_task_id is not None:
-            merged.setdefault(node_task_id, []).extend(map_indexes or [])
-        self.parents = merged
+        self.parents = {task_id: list(indexes) for task_id, indexes in parents.items()}
         self.poll_interval = poll_interval
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -74,7 +137,8 @@ class ParentsFinishedTrigger(BaseTrigger):
             states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
                 dag_id=self.dag_id, task_ids=sorted(self.parents), run_ids=[self.run_id]
             )
-            if finished_states(states, self.run_id, self.parents):
-                yield TriggerEvent({"status": PARENTS_READY})
+            decision = parents_wait(parent_states(states, self.run_id, self.parents), 0.0, float("inf"))
+            if decision in (ParentsWait.READY, ParentsWait.MAKE_WAY):
+                yield TriggerEvent({"status": decision.value})
                 return
             await asyncio.sleep(self.poll_interval)

@@ -16,7 +16,9 @@ from typing import Any, Literal
 from airflow_plan_provider.exceptions import TriggerEventError
 
 JOB_STATUSES = ("done", "failed", "timeout")
-PARENTS_READY = "ready"
+PARENTS_READY = "ready"  # every parent finished
+PARENTS_MAKE_WAY = "make_way"  # a parent needs a slot again: the deferred node lets go of its task's cap
+PARENTS_STATUSES = (PARENTS_READY, PARENTS_MAKE_WAY)
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,10 @@ def validate_job_event(event: object) -> JobOutcome:
     return JobOutcome(status, reason=reason)
 
 
-def validate_parents_event(event: object) -> None:
-    """Check a :class:`~.parents.ParentsFinishedTrigger` event: ``{"status": "ready"}``."""
+def validate_parents_event(event: object) -> str:
+    """The status in a :class:`~.parents.ParentsFinishedTrigger` event: ``ready`` or ``make_way``."""
     trigger = "the parents trigger"
-    _status(_mapping(event, trigger), trigger, (PARENTS_READY,))
+    return str(_status(_mapping(event, trigger), trigger, PARENTS_STATUSES))
 
 
 def validate_dag_state_event(event: object) -> tuple[str, str]:

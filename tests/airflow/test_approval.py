@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import ApprovalPolicy, Budgets, Limits, NodeExecution
+from airflow_plan_provider import ApprovalPolicy, Budgets, NodeExecution
 from airflow_plan_provider.plan.approval import (
     Approval,
     approved_calls,
@@ -214,7 +214,6 @@ def registry(log: CallLog, risky: bool = True) -> ToolRegistry:
 def build(dag_id: str, tools: Any, **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("limits", Limits(max_depth=2))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     plan = {"goal": "g", "nodes": [{"id": "1", "action": "read", "tool": "read", "params": {}}]}
     return build_plan_dag(dag_id, planner=ScriptedPlanner(plan), tools=tools, **options)
@@ -230,19 +229,14 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     )
     approve = dag.get_task("approve")
     assert approve.upstream_task_ids == {"plan"}
-    assert approve.downstream_task_ids == {"layer_0", "select_layer_1"}
+    assert approve.downstream_task_ids == {"nodes"}
     assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
     assert approve.response_timeout == timedelta(minutes=3) and approve.defaults == ["Reject"]
-    # a skipped approval (none needed) lets the first nodes run; a failed plan or approval does not
-    assert dag.get_task("layer_0").trigger_rule == "none_failed_min_one_success"
-    assert dag.get_task("select_layer_1").approval_task_id == "approve"
+    # a skipped approval (none needed) lets the nodes run; a failed plan or approval does not
+    assert dag.get_task("nodes").upstream_task_ids == {"plan", "approve"}
+    assert dag.get_task("nodes").trigger_rule == "none_failed_min_one_success"
 
-    eager = build("apv_eager", registry(log), execution=NodeExecution(mode="nodes"))
-    assert eager.get_task("nodes").upstream_task_ids == {"plan", "approve"}
-    assert eager.get_task("nodes").trigger_rule == "none_failed_min_one_success"
-
-    # with a pooled tool, every first node task (each lane's) waits for the answer, and so does every
-    # select task that would otherwise start before it
+    # with a pooled tool, every lane's node task waits for the answer, and so does the lane's select
     pooled = build(
         "apv_pooled",
         scripted_registry(
@@ -251,14 +245,13 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
         ),
     )
     assert pooled.get_task("approve").downstream_task_ids == {
-        "layer_0",
-        "layer_0__ticket_api",
-        "select_layer_0__ticket_api",
-        "select_layer_1",
-        "select_layer_1__ticket_api",
+        "nodes",
+        "nodes__ticket_api",
+        "select_nodes__ticket_api",
     }
-    assert pooled.get_task("layer_0__ticket_api").trigger_rule == "none_failed_min_one_success"
-    assert pooled.get_task("select_layer_1__ticket_api").approval_task_id == "approve"
+    assert pooled.get_task("nodes__ticket_api").trigger_rule == "none_failed_min_one_success"
+    assert pooled.get_task("select_nodes__ticket_api").trigger_rule == "none_failed_min_one_success"
+    assert pooled.get_task("select_nodes__ticket_api").approval_task_id == "approve"
 
     assert "approve" not in build("apv_safe", registry(log, risky=False)).task_ids
     assert "approve" not in build("apv_never", registry(log), approval=ApprovalPolicy(mode="never")).task_ids
@@ -266,7 +259,7 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     assert "approve" in always.task_ids
     # tools named by a spec string are loaded when the DAG is built: the demo's tools are not risky
     assert "approve" not in build("apv_spec", "plan_demo.tools:registry").task_ids
-    assert build("apv_none", registry(log, risky=False)).get_task("layer_0").trigger_rule == "all_success"
+    assert build("apv_none", registry(log, risky=False)).get_task("nodes").trigger_rule == "all_success"
     with pytest.raises(ValueError, match=r"ApprovalPolicy\.mode must be one of"):
         build("apv_bad", registry(log), approval=ApprovalPolicy(mode="maybe"))
     with pytest.raises(ValueError, match=r"ApprovalPolicy\.timeout must be a timedelta > 0"):
@@ -284,7 +277,7 @@ def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) ->
     run = run_plan_dag(build("apv_not_needed", registry(log)), {"goal": "g"})
     states = task_states(run)
     assert str(run.state) == "success"
-    assert states["approve"] == "skipped" and states["layer_0[0]"] == "success"
+    assert states["approve"] == "skipped" and states["nodes[0]"] == "success"
     assert xcom(run, "approve", key="approval") == {
         "status": "not_needed",
         "revision": 0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ def test_plan_artifact_store_names_the_default_store(
     monkeypatch.setenv(artifacts.STORE_ENV, f"file://{shared}")
     assert artifacts.default_store_url() == f"file://{shared}"
     # large outputs and checkpoints written with no store named land in the configured one
-    ref = artifacts.store({"rows": "x" * 100}, key="dag/run/n/1", threshold=10)
+    data = json.dumps({"rows": "x" * 100}).encode()
+    ref = artifacts.store(data, key="dag/run/n/1", summary="rows", threshold=10)
     assert ref is not None and ref["uri"].startswith(f"file://{shared}/outputs/")
     artifacts.save_checkpoint("dag/run/n/1", {"output": 1})
     assert artifacts.load(ref, key="dag/run/n/1") == {"rows": "x" * 100}

@@ -1,4 +1,4 @@
-"""Control tasks (plan, select_layer_k, finalize, replan) retry, and each is safe to run again (dag.test).
+"""Control tasks (plan, lane select tasks, finalize, replan) retry, each safe to run again (dag.test).
 
 A lost worker is stood in for by a try that raises after its work (the task runner then records the
 try as failed and Airflow retries it, as after a heartbeat timeout): the state it leaves is the one a
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Budgets, Limits, NodeExecution
+from airflow_plan_provider import Budgets, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from tests.airflow.support import xcom
@@ -50,7 +50,6 @@ def build(dag_id: str, planner: Any, log: CallLog, **options: Any) -> Any:
         ScriptedTool("b", log=log, permanent="403 forbidden"),
         ScriptedTool("b2", log=log, returns=2, side_effect=True),
     ]
-    options.setdefault("limits", Limits(max_depth=2))
     options.setdefault("execution", NodeExecution(retries=0))
     options.setdefault("control_retries", ControlRetries(retries=1, delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
@@ -113,40 +112,39 @@ def tries(dag_run: Any) -> dict[str, int]:
 def test_every_task_but_the_nodes_retries_promptly_by_default(tmp_path):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    registry = scripted_registry(ScriptedTool("a", log=CallLog(tmp_path)))
-    layered = build_plan_dag("retries_layered", planner=None, tools=registry, limits=Limits(max_depth=3))
-    eager = build_plan_dag(
-        "retries_eager",
-        planner=None,
-        tools=registry,
-        execution=NodeExecution(mode="nodes", retries=4),
-    )
-    for dag, node_tasks, node_retries in (
-        (layered, {"layer_0", "layer_1", "layer_2"}, 2),
-        (eager, {"nodes"}, 4),
+    log = CallLog(tmp_path)
+    registry = scripted_registry(ScriptedTool("a", log=log), ScriptedTool("p", log=log, pool="api"))
+    for dag, node_retries in (
+        (build_plan_dag("retries_default", planner=None, tools=registry), 2),
+        (
+            build_plan_dag(
+                "retries_set_nodes", planner=None, tools=registry, execution=NodeExecution(retries=4)
+            ),
+            4,
+        ),
     ):
+        node_tasks = {"nodes", "nodes__api"}
         control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if t.task_id not in node_tasks}
         assert {t.task_id for t in dag.tasks} - set(control) == node_tasks
-        assert {"plan", "finalize", "replan"} <= set(control)
+        assert set(control) == {"plan", "select_nodes__api", "finalize", "replan"}
         assert set(control.values()) == {(3, timedelta(seconds=5))}, control
         assert {t.retries for t in dag.tasks if t.task_id in node_tasks} == {node_retries}
-    assert {"select_layer_1", "select_layer_2"} <= {t.task_id for t in layered.tasks}
 
 
 def test_control_retries_are_one_setting(tmp_path):
     from airflow_plan_provider import ControlRetries, build_plan_dag
 
-    registry = scripted_registry(ScriptedTool("a", log=CallLog(tmp_path)))
+    log = CallLog(tmp_path)
+    registry = scripted_registry(ScriptedTool("a", log=log), ScriptedTool("p", log=log, pool="api"))
     dag = build_plan_dag(
         "retries_set",
         planner=None,
         tools=registry,
-        limits=Limits(max_depth=2),
         control_retries=ControlRetries(retries=1, delay=timedelta(seconds=2)),
     )
-    control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if not t.task_id.startswith("layer_")}
+    control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if not t.task_id.startswith("nodes")}
     assert control == dict.fromkeys(
-        ("plan", "select_layer_1", "finalize", "replan"), (1, timedelta(seconds=2))
+        ("plan", "select_nodes__api", "finalize", "replan"), (1, timedelta(seconds=2))
     )
     with pytest.raises(ValueError, match=r"ControlRetries.retries must be an integer >= 0, got -1"):
         ControlRetries(retries=-1)

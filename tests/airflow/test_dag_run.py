@@ -1,8 +1,9 @@
-"""Plans run as Airflow tasks (dag.test on SQLite): layers, failure containment, soft deps, retries, caps."""
+"""Plans run as Airflow tasks (dag.test on SQLite): nodes, failure containment, soft deps, retries, caps."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,6 @@ def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
     tools = scripted_registry(*seed_tools(log, **(overrides or {})))
-    options.setdefault("limits", Limits(max_depth=3))
     options.setdefault("execution", NodeExecution(retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     return build_plan_dag(dag_id, planner=ScriptedPlanner(plan_), tools=tools, **options)
@@ -31,8 +31,8 @@ def test_seed_plan_completes(tmp_path):
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "success"
-    assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success"] * 4
-    assert states["layer_1[0]"] == states["layer_2[0]"] == "success"
+    assert [states[f"nodes[{i}]"] for i in range(4)] == ["success"] * 4
+    assert states["nodes[4]"] == states["nodes[5]"] == "success"
     result = xcom(run, "finalize")
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert result["outputs"]["6"] == {"report": {"inputs": ["latency", "logs"]}}
@@ -47,8 +47,8 @@ def test_permanent_failure_skips_dependents_only(tmp_path):
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
-    assert [states[f"layer_0[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
-    assert states["layer_1[0]"] == "skipped" and states["layer_2[0]"] == "skipped"
+    assert [states[f"nodes[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
+    assert states["nodes[4]"] == "skipped" and states["nodes[5]"] == "skipped"
     assert log.count("query_deploys") == 1  # a permanent error is not retried
     result = xcom(run, "finalize")
     assert (result["status"], result["reason"]) == ("failed", "node_failed")
@@ -67,9 +67,9 @@ def test_optional_parent_failure_names_missing_input(tmp_path):
     )
     run = run_plan_dag(dag)
     states = task_states(run)
-    assert states["layer_0[3]"] == "failed"
-    assert states["layer_1[0]"] == "success" and states["layer_2[0]"] == "success"
-    record5 = xcom(run, "layer_1", key="node", map_index=0)
+    assert states["nodes[3]"] == "failed"
+    assert states["nodes[4]"] == "success" and states["nodes[5]"] == "success"
+    record5 = xcom(run, "nodes", key="node", map_index=4)
     assert record5["missing_inputs"] == ["4"]
     assert record5["output"] == {"inputs": ["latency"]}  # the missing input reached the tool as None
     # the failure was contained: everything downstream ran, so the session completed without a replan
@@ -85,7 +85,7 @@ def test_transient_failure_is_retried_by_airflow(tmp_path):
     run = run_plan_dag(dag)
     assert str(run.state) == "success"
     assert log.count("query_metrics") == 2
-    assert xcom(run, "layer_0", key="node", map_index=0)["attempts"] == 2
+    assert xcom(run, "nodes", key="node", map_index=0)["attempts"] == 2
 
 
 def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
@@ -112,3 +112,28 @@ def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
     limited = policy.evaluate(TransientToolError("429 Too Many Requests", retry_after=42), 1, 3)
     assert limited.action is RetryAction.RETRY and limited.retry_delay == timedelta(seconds=42)
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
+
+
+def test_a_node_reads_its_parents_records_in_one_xcom_request(tmp_path, monkeypatch):
+    """Node 5 has four parents, node 6 one, finalize reads all six: one request each (a slice of the
+    node task's records up to the highest map index wanted), never one per parent."""
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+
+    send = InProcessSupervisorComms.send
+    reads: list[tuple[str, Any]] = []
+
+    def recording(self: Any, msg: Any) -> Any:
+        if getattr(msg, "key", None) == "node" and type(msg).__name__.startswith("GetXCom"):
+            reads.append((type(msg).__name__, getattr(msg, "stop", getattr(msg, "map_index", None))))
+        return send(self, msg)
+
+    monkeypatch.setattr(InProcessSupervisorComms, "send", recording)
+    run = run_plan_dag(build("seed_reads", CallLog(tmp_path), plan_=seed_plan()))
+    assert str(run.state) == "success"
+    assert sorted(reads) == [("GetXComSequenceSlice", stop) for stop in (4, 5, 6)]
+
+
+def test_max_nodes_beyond_what_airflow_maps_in_one_task_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"max_nodes=5000 is more than .*\[core\] max_map_length=1024"):
+        build("too_many_to_map", CallLog(tmp_path), plan_=seed_plan(), limits=Limits(max_nodes=5000))
+    assert build("as_many_as_mapped", CallLog(tmp_path), plan_=seed_plan(), limits=Limits(max_nodes=1024))

@@ -87,7 +87,7 @@ execution = dict(
     max_retry_delay=timedelta(minutes=1),
 )
 options = dict(
-    limits=Limits(max_nodes=50, max_depth=2),
+    limits=Limits(max_nodes=50),
     budgets=Budgets(max_steps=9, max_replans=1),
     artifacts=ArtifactStore(url="file:///tmp/plan-artifacts", threshold=1024, checkpoints=False),
     control_retries=ControlRetries(retries=1, delay=timedelta(seconds=3)),
@@ -95,12 +95,12 @@ options = dict(
     operator_args={{"owner": "data-team", "queue": "plans", "on_failure_callback": print}},
 )
 llm = LLMPlanner(conn_id="x")
-eager = build_plan_dag(
-    "every_option_eager", planner=llm, tools=tools, execution=NodeExecution(mode="nodes", **execution),
-    **options,
+llm_dag = build_plan_dag(
+    "every_option_llm", planner=llm, tools=tools,
+    execution=NodeExecution(slot_wait=timedelta(seconds=9), **execution), **options,
 )
-layered = build_plan_dag(
-    "every_option_layered", planner=ScriptedPlanner(None), tools=dict(tools),
+scripted = build_plan_dag(
+    "every_option_script", planner=ScriptedPlanner(None), tools=dict(tools),
     execution=NodeExecution(**execution), **options,
 )
 by_spec = build_plan_dag("by_spec", planner=None, tools="plan_demo.tools:registry")
@@ -116,7 +116,7 @@ def test_every_option_serializes_the_same_in_two_processes(tmp_path: Path) -> No
     (folder / "every_option.py").write_text(EVERY_OPTION_DAGS.format(log=str(tmp_path / "calls")))
     first = parse_in_new_process(folder, tmp_path / "first.json")
     second = parse_in_new_process(folder, tmp_path / "second.json")
-    assert set(first) == {"every_option_eager", "every_option_layered", "by_spec", "in_a_group"}
+    assert set(first) == {"every_option_llm", "every_option_script", "by_spec", "in_a_group"}
     for dag_id in first:
         assert first[dag_id]["hash"] == second[dag_id]["hash"], dag_id
         assert " at 0x" not in first[dag_id]["json"], dag_id

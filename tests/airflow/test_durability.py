@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
+from airflow_plan_provider import ArtifactStore, NodeExecution
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
@@ -22,7 +22,6 @@ pytestmark = pytest.mark.airflow
 def build(dag_id, planner, tools, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("limits", Limits(max_depth=3))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
@@ -57,12 +56,12 @@ def test_large_output_goes_to_the_artifact_store_and_arrives_intact(tmp_path):
     )
     run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success"
-    record = xcom(run, "layer_0", key="node", map_index=0)
+    record = xcom(run, "nodes", key="node", map_index=0)
     assert len(json.dumps(record)) < 4096  # the XCom row holds a reference, not 5 MB
     ref = record["artifact"]
     assert record["output"] is None and ref["size"] > 5 * 1024 * 1024
     assert (tmp_path / "store").exists() and ref["uri"].startswith(f"file://{tmp_path}/store/")
-    assert xcom(run, "layer_1", key="node", map_index=0)["output"] == digest(blob)
+    assert xcom(run, "nodes", key="node", map_index=1)["output"] == digest(blob)
 
 
 def test_replan_prompt_gets_only_the_summary_of_a_large_output(tmp_path):
@@ -108,9 +107,9 @@ def test_asynchronous_tool_defers_and_succeeds_with_the_jobs_result(tmp_path):
     }
     run = run_plan_dag(build("async_ok", ScriptedPlanner(plan), tools), {"goal": "g"})
     assert str(run.state) == "success"
-    record = xcom(run, "layer_0", key="node", map_index=0)
+    record = xcom(run, "nodes", key="node", map_index=0)
     assert record["output"] == {"rows": 42} and record["polling"]["outcome"] == "done"
-    assert xcom(run, "layer_1", key="node", map_index=0)["output"] == 42
+    assert xcom(run, "nodes", key="node", map_index=1)["output"] == 42
     events = [e["type"] for e in xcom(run, "finalize")["events"]]
     assert "node.polling" in events
     assert log.count("export") == 1  # the job was started once; waiting is polling, not calling
@@ -128,5 +127,5 @@ def test_asynchronous_job_failure_or_timeout_fails_the_node(tmp_path, options, e
         build(f"async_bad_{expected.split()[0]}", ScriptedPlanner(plan), tools, replan=False), {"goal": "g"}
     )
     assert str(run.state) == "failed"
-    record = xcom(run, "layer_0", key="node", map_index=0)
+    record = xcom(run, "nodes", key="node", map_index=0)
     assert record["status"] == "failed" and expected in record["error"]

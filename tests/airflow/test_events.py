@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
@@ -41,7 +41,6 @@ def seed_session(dag_id: str, tmp_path: Any) -> list[Any]:
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        limits=Limits(max_depth=4),
         execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
     return run_session(dag, {"goal": "find why the payment API got slow yesterday"}).runs

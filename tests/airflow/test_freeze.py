@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_plan_provider import Limits
 from airflow_plan_provider.cli import main
 from airflow_plan_provider.exceptions import FreezeError
 from airflow_plan_provider.freeze import (
@@ -132,7 +131,6 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
         "catchup": "False",
         "replan": "False",
         "budgets": "Budgets(max_replans=0)",
-        "limits": "Limits(max_depth=2)",
         "tags": "['plan', 'frozen']",
         "doc_md": "__doc__",
     }
@@ -284,9 +282,7 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
             "nodes": [{"id": "1", "action": "echo", "tool": "echo", "params": {"text": text}}],
         }
 
-    dag = build_plan_dag(
-        "frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools, limits=Limits(max_depth=1)
-    )
+    dag = build_plan_dag("frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools)
     run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, "finalize")["outputs"]["1"] == {"text": "day 2024-03-05"}
     # a plan given in the conf is user input: never rendered

@@ -115,15 +115,13 @@ def test_a_dag_that_is_not_a_plan_dag_is_refused():
 def test_a_plan_in_a_task_group_is_read_by_its_group(tmp_path):
     from airflow.sdk import DAG
 
-    from airflow_plan_provider import Limits, plan_task_group
+    from airflow_plan_provider import plan_task_group
 
     log = CallLog(tmp_path)
     tools = scripted_registry(ScriptedTool("fetch", log=log, returns={"rows": 3}))
     plan = {"nodes": [{"id": "fetch", "action": "fetch the export", "tool": "fetch", "params": {}}]}
     with DAG("inproc_group", schedule=None) as dag:
-        plan_task_group(
-            "load", planner=ScriptedPlanner(plan), tools=tools, goal="load", limits=Limits(max_depth=1)
-        )
+        plan_task_group("load", planner=ScriptedPlanner(plan), tools=tools, goal="load")
 
     session = run_session(dag, group="load")
     [run] = session.runs

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
+from airflow_plan_provider import ArtifactStore, NodeExecution
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
@@ -31,7 +31,6 @@ NODE_KEY = "node"
 def build(dag_id: str, planner: Any, tools: list[ScriptedTool], **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("limits", Limits(max_depth=3))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
@@ -123,7 +122,7 @@ def test_runs_whose_ids_differ_only_in_punctuation_each_call_their_tool(tmp_path
 
     assert [r.run_id for r in runs] == ["nightly:2024", "nightly+2024"]
     assert [str(r.state) for r in runs] == ["success", "success"]
-    second = xcom(runs[1], "layer_0", key=NODE_KEY, map_index=0)
+    second = xcom(runs[1], "nodes", key=NODE_KEY, map_index=0)
     assert second["output"] == {"run": "nightly+2024"}
     assert not second.get("reused") and not second.get("checkpoint")
     assert log.count("fetch") == 2
@@ -201,7 +200,7 @@ def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(
 
     assert again.run_id == first.run_id
     assert str(again.state) == "success", task_states(again)
-    a, b = records(again, "layer_0", 2)
+    a, b = records(again, "nodes", 2)
     assert tampered == "b"
     assert (b["status"], b["output"]) == ("success", {"value": "genuine-b"})
     assert not b.get("checkpoint")  # the node ran again instead of trusting the file
@@ -260,7 +259,7 @@ def test_a_tool_output_that_looks_like_a_reference_is_passed_on_as_plain_data(tm
     )
     run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success", task_states(run)
-    record = xcom(run, "layer_1", key=NODE_KEY, map_index=0)
+    record = xcom(run, "nodes", key=NODE_KEY, map_index=1)
     assert record["output"] == forged
     assert "s3cr3t" not in json.dumps(xcom(run, "finalize"))
 
@@ -315,12 +314,12 @@ def test_a_damaged_stored_output_fails_the_reading_node_for_good(tmp_path, damag
     )
     run = run_plan_dag(dag, {"goal": "g"})
 
-    assert task_states(run)["layer_2[0]"] == "failed"
-    assert try_number(run, "layer_2", 0) == 1  # permanent: not retried
+    assert task_states(run)["nodes[2]"] == "failed"
+    assert try_number(run, "nodes", 2) == 1  # permanent: not retried
     assert log.count("consume") == 0
-    uri = xcom(run, "layer_0", key=NODE_KEY, map_index=0)["artifact"]["uri"]
-    actual = xcom(run, "layer_1", key=NODE_KEY, map_index=0)["output"]
-    record = xcom(run, "layer_2", key=NODE_KEY, map_index=0)
+    uri = xcom(run, "nodes", key=NODE_KEY, map_index=0)["artifact"]["uri"]
+    actual = xcom(run, "nodes", key=NODE_KEY, map_index=1)["output"]
+    record = xcom(run, "nodes", key=NODE_KEY, map_index=2)
     assert record["status"] == "failed"
     assert "parent node 1" in record["error"] and uri in record["error"]
     assert actual not in record["error"]  # the damaged file's hash is not revealed
@@ -332,7 +331,8 @@ def _stored(tmp_path: Path, key: str) -> tuple[dict[str, Any], str]:
     from airflow_plan_provider import artifacts
 
     base = f"file://{tmp_path}/store"
-    ref = artifacts.store({"rows": "x" * 200}, key=key, base_url=base, threshold=100)
+    data = json.dumps({"rows": "x" * 200}).encode()
+    ref = artifacts.store(data, key=key, summary="rows", base_url=base, threshold=100)
     assert ref is not None
     return ref, base
 
@@ -468,9 +468,9 @@ def test_a_node_killed_after_its_tool_returned_is_not_called_again(tmp_path, mon
     )
     run = run_plan_dag(dag, {"goal": "g"})
 
-    assert killed == ["layer_0"]
+    assert killed == ["nodes"]
     assert str(run.state) == "success", task_states(run)
-    assert try_number(run, "layer_0", 0) == 2
+    assert try_number(run, "nodes", 0) == 2
     assert log.count("work") == 1
-    record = xcom(run, "layer_0", key=NODE_KEY, map_index=0)
+    record = xcom(run, "nodes", key=NODE_KEY, map_index=0)
     assert (record["status"], record["output"], record["checkpoint"]) == ("success", {"done": True}, True)

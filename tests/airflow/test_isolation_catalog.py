@@ -73,7 +73,7 @@ try:
 except ValueError as error:
     out["unknown"] = str(error)
 dag = build_plan_dag("everything", planner=None, tools="*")
-out["carried"] = [dag.get_task("plan").tools, dag.get_task("layer_0").partial_kwargs["tools"]]
+out["carried"] = [dag.get_task("plan").tools, dag.get_task("nodes").partial_kwargs["tools"]]
 out["star"] = sorted(load_tools("*"))
 out["by_name"] = sorted(load_tools("team"))
 with open(sys.argv[1], "w") as handle:
@@ -115,4 +115,4 @@ def test_example_dag_names_the_demo_registry() -> None:
     assert bag.import_errors == {}
     dag = bag.dags["plan_and_execute"]
     assert load_tools(dag.get_task("plan").tools) is registry
-    assert load_tools(dag.get_task("layer_0").partial_kwargs["tools"]) is registry
+    assert load_tools(dag.get_task("nodes").partial_kwargs["tools"]) is registry

@@ -35,7 +35,7 @@ PLAN = {
         {"id": "2", "action": "report the payment", "tool": "report", "params": {"paid": "${1}"}},
     ]
 }
-NODE_TASKS = ("layer_0", "layer_1", "layer_2")
+NODE_TASKS = ("nodes",)
 
 
 def build(dag_id: str, log: CallLog, store: Path, *, fail_report: bool = False, **options: Any) -> Any:
@@ -56,7 +56,6 @@ def build(dag_id: str, log: CallLog, store: Path, *, fail_report: bool = False, 
         "nodes": [{"id": "3", "action": "report another way", "tool": "report2", "params": {"paid": "${1}"}}]
     }
     planner = ScriptedPlanner(plan, on_error=[("report service down", replacement)])
-    options.setdefault("limits", Limits(max_depth=3))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(
         dag_id, planner=planner, tools=tools, artifacts=ArtifactStore(url=f"file://{store}"), **options
@@ -236,9 +235,10 @@ def test_session_prepared_by_another_dag_is_rejected(tmp_path: Path) -> None:
 
 def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
-    nodes = 20_000
-    # a limit that lets the validator check every node: 20k problems, one unknown tool per node
-    dag = build("isolation_huge_plan", log, store, replan=False, limits=Limits(max_nodes=nodes, max_depth=3))
+    nodes = 1_000
+    # a limit that lets the validator check every node (as many as Airflow maps in one task): a thousand
+    # problems, one unknown tool per node
+    dag = build("isolation_huge_plan", log, store, replan=False, limits=Limits(max_nodes=nodes))
     plan = {
         "nodes": [
             {"id": f"n{i}", "action": "step", "tool": "no_such_tool", "params": {}} for i in range(nodes)

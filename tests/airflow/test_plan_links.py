@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_replan_story
@@ -24,7 +24,6 @@ def build(dag_id: str, log: CallLog):
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        limits=Limits(max_depth=3),
         execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
 

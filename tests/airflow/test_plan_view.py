@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState, replan_run_id
@@ -30,7 +30,6 @@ def seed_dag(dag_id: str, log: CallLog):
         dag_id,
         planner=planner,
         tools=scripted_registry(*tools),
-        limits=Limits(max_depth=3),
         execution=NodeExecution(retries=0, retry_delay=timedelta(seconds=0)),
     )
 
@@ -178,8 +177,8 @@ def two_revisions() -> dict[str, RunData]:
         "r": planned("r", first_plan, root, finalize__replan_conf=replan_conf),
         "r__replan_1": planned("r__replan_1", second_plan, child),
     }
-    runs["r"].xcoms[("layer_0", 0, "node")] = {"node_id": "a", "status": "success", "output": {"n": 7}}
-    runs["r__replan_1"].xcoms[("layer_0", 0, "node")] = {
+    runs["r"].xcoms[("nodes", 0, "node")] = {"node_id": "a", "status": "success", "output": {"n": 7}}
+    runs["r__replan_1"].xcoms[("nodes", 0, "node")] = {
         "node_id": "a",
         "status": "success",
         "reused": True,
@@ -295,12 +294,9 @@ def test_page_config_cannot_close_its_script_element():
     assert "</script>" not in _script_json({"run_id": "</script><script>alert(1)</script>"})
 
 
-def test_eager_nodes_take_their_state_from_the_one_nodes_task():
+def test_nodes_take_their_state_from_the_nodes_task_in_layer_order():
     runs = two_revisions()
     root = runs["r"]
-    session = root.session
-    assert session is not None
-    root.xcoms[("plan", -1, "session")] = {**session, "eager": True}
     root.tis[("nodes", 0)] = {"state": "success", "try_number": 1, "hostname": "worker-a"}
     root.tis[("nodes", 1)] = {"state": "deferred", "try_number": 1}
     nodes = by_id(plan_view("d", "r", [root])["runs"][0])

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations, node_location, node_tasks
 from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.tools.registry import Tool
-from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, finished_states
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, parent_states
 from tests.airflow.support import xcom
 
 API = "rate_limited_api"
@@ -48,13 +48,10 @@ MIXED_PLAN = {
         },
     ],
 }
-EXPECTED_TASKS = {
-    "layer_0": ["b"],
-    f"layer_0__{API}": ["a", "c"],
-    f"layer_0__{HEAVY_LANE}": ["d"],
-    "layer_1": ["e"],
-    f"layer_1__{API}": ["f"],
-    "layer_2": ["g"],
+EXPECTED_TASKS = {  # each lane's nodes in the plan's layer order
+    "nodes": ["b", "e", "g"],
+    f"nodes__{API}": ["a", "c", "f"],
+    f"nodes__{HEAVY_LANE}": ["d"],
 }
 
 
@@ -79,7 +76,6 @@ def build(dag_id: str, log: CallLog, plan_: Any = MIXED_PLAN, pooled: bool = Tru
 
     overrides = options.pop("overrides", {})
     planner = options.pop("planner", None) or ScriptedPlanner(plan_)
-    options.setdefault("limits", Limits(max_depth=3))
     options.setdefault("execution", NodeExecution(retry_delay=timedelta(0)))
     options.setdefault("replan", False)
     registry = scripted_registry(*tools(log, pooled, **overrides))
@@ -128,9 +124,9 @@ def outcome(run: Any) -> tuple[str, str, dict[str, Any], dict[str, str]]:
 # ---------------------------------------------------------------------------------------------- pure
 
 
-def session(plan: Any, eager: bool = False) -> RunContext:
+def session(plan: Any) -> RunContext:
     lanes = {"a": API, "c": API, "f": API, "d": HEAVY_LANE}
-    return RunContext(eager=eager, lanes={n: lane for n, lane in lanes.items() if n in plan.node_ids})
+    return RunContext(lanes={n: lane for n, lane in lanes.items() if n in plan.node_ids})
 
 
 def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it_there() -> None:
@@ -140,26 +136,10 @@ def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it
     for task_id, nodes in EXPECTED_TASKS.items():
         for index, node in enumerate(nodes):
             assert node_location(plan, state, node) == (task_id, index)
-    assert locations(plan, state, ["e", "a", "c", "f"]) == {
-        "layer_1": [0],
-        f"layer_0__{API}": [0, 1],
-        f"layer_1__{API}": [0],
-    }
-
-    eager = session(plan, eager=True)
-    assert node_tasks(plan, eager) == {
-        "nodes": ["b", "e", "g"],
-        f"nodes__{API}": ["a", "c", "f"],
-        f"nodes__{HEAVY_LANE}": ["d"],
-    }
-    assert node_location(plan, eager, "f") == (f"nodes__{API}", 2)
-    # without lanes, locations are what they always were: index in the layer, or in layer order (eager)
-    assert node_tasks(plan, RunContext()) == {
-        "layer_0": ["a", "b", "c", "d"],
-        "layer_1": ["e", "f"],
-        "layer_2": ["g"],
-    }
-    assert node_location(plan, RunContext(eager=True), "f") == ("nodes", 5)
+    assert locations(plan, state, ["e", "a", "c", "f"]) == {"nodes": [1], f"nodes__{API}": [0, 1, 2]}
+    # without lanes, every node is in ``nodes``, in layer order: a parent's map index is below its child's
+    assert node_tasks(plan, RunContext()) == {"nodes": ["a", "b", "c", "d", "e", "f", "g"]}
+    assert node_location(plan, RunContext(), "f") == ("nodes", 5)
 
 
 def test_lanes_come_from_each_tools_pool_and_slots(tmp_path: Any) -> None:
@@ -214,7 +194,7 @@ def test_registry_decorator_declares_the_pool_and_the_digest_changes_only_with_o
     assert plain.catalog() == pooled.catalog()  # planners are not shown pools
 
 
-def test_parents_trigger_waits_on_several_tasks_and_reads_the_earlier_form() -> None:
+def test_parents_trigger_waits_on_several_tasks() -> None:
     trigger = ParentsFinishedTrigger(dag_id="d", run_id="r", parents={"nodes": [0], f"nodes__{API}": [1]})
     assert trigger.serialize()[1] == {
         "dag_id": "d",
@@ -222,12 +202,9 @@ def test_parents_trigger_waits_on_several_tasks_and_reads_the_earlier_form() -> 
         "parents": {"nodes": [0], f"nodes__{API}": [1]},
         "poll_interval": 1.0,
     }
-    earlier = ParentsFinishedTrigger(dag_id="d", run_id="r", node_task_id="nodes", map_indexes=[2, 3])
-    assert earlier.parents == {"nodes": [2, 3]}
-    states = {"r": {"nodes_0": "success", f"nodes__{API}_1": "running"}}
-    assert not finished_states(states, "r", trigger.parents)
-    states["r"][f"nodes__{API}_1"] = "failed"
-    assert finished_states(states, "r", trigger.parents)
+    states = {"r": {"nodes_0": "success", f"nodes__{API}_1": "running", "nodes_1": "failed"}}
+    assert parent_states(states, "r", trigger.parents) == ["success", "running"]
+    assert parent_states(states, "other run", trigger.parents) == [None, None]
 
 
 # ------------------------------------------------------------------------------------ DAG structure
@@ -235,51 +212,31 @@ def test_parents_trigger_waits_on_several_tasks_and_reads_the_earlier_form() -> 
 
 def test_without_pooled_tools_the_dag_has_the_same_tasks_as_ever(tmp_path: Any) -> None:
     dag = build("no_pools_shape", CallLog(tmp_path), pooled=False, execution=NodeExecution(pool="plan_nodes"))
-    assert sorted(dag.task_ids) == sorted(
-        ["plan", "layer_0", "select_layer_1", "layer_1", "select_layer_2", "layer_2", "finalize"]
-    )
-    eager = build(
-        "no_pools_eager_shape", CallLog(tmp_path), pooled=False, execution=NodeExecution(mode="nodes")
-    )
-    assert sorted(eager.task_ids) == ["finalize", "nodes", "plan"]
+    assert sorted(dag.task_ids) == ["finalize", "nodes", "plan"]
 
 
-def test_pooled_tools_add_one_lane_task_per_layer_with_the_tools_pool(tmp_path: Any) -> None:
+def test_pooled_tools_add_one_lane_task_with_the_tools_pool(tmp_path: Any) -> None:
     dag = build(
-        "pools_shape",
-        CallLog(tmp_path),
-        execution=NodeExecution(pool="plan_nodes", max_active_nodes=4),
+        "pools_shape", CallLog(tmp_path), execution=NodeExecution(pool="plan_nodes", max_active_nodes=4)
     )
-    lanes = [None, API, HEAVY_LANE]
-    layers = [f"layer_{k}" + (f"__{lane}" if lane else "") for k in range(3) for lane in lanes]
-    selects = [f"select_{task}" for task in layers if task != "layer_0"]
-    assert sorted(dag.task_ids) == sorted(["plan", "finalize", *layers, *selects])
-    for k in range(3):
-        default = dag.get_task(f"layer_{k}")
-        api = dag.get_task(f"layer_{k}__{API}")
-        heavy = dag.get_task(f"layer_{k}__{HEAVY_LANE}")
-        # the DAG's pool covers the nodes whose tool has none; a tool's own pool wins for its nodes
-        assert (default.partial_kwargs["pool"], default.partial_kwargs["pool_slots"]) == ("plan_nodes", 1)
-        assert (api.partial_kwargs["pool"], api.partial_kwargs["pool_slots"]) == (API, 1)
-        assert (heavy.partial_kwargs["pool"], heavy.partial_kwargs["pool_slots"]) == (API, 2)
-        for task in (default, api, heavy):
-            assert task.partial_kwargs["max_active_tis_per_dagrun"] == 4
-            # every node task of layer k waits for every node task of layer k-1
-            previous = {f"layer_{k - 1}" + (f"__{lane}" if lane else "") for lane in lanes} if k else {"plan"}
-            assert previous <= task.upstream_task_ids
-        # each lane maps over its own select task, which runs beside the layer before
-        for lane in [API, HEAVY_LANE] if k == 0 else lanes:
-            task_id = f"layer_{k}" + (f"__{lane}" if lane else "")
-            select = dag.get_task(f"select_{task_id}")
-            assert select.node_task == task_id
-            assert select.task_id in dag.get_task(task_id).upstream_task_ids
-            assert select.upstream_task_ids == (
-                {"plan"}
-                | ({f"layer_{k - 2}" + (f"__{la}" if la else "") for la in lanes} if k >= 2 else set())
-            )
-    assert {f"layer_2{suffix}" for suffix in ("", f"__{API}", f"__{HEAVY_LANE}")} | {"plan"} == dag.get_task(
-        "finalize"
-    ).upstream_task_ids
+    lanes = ["nodes", f"nodes__{API}", f"nodes__{HEAVY_LANE}"]
+    selects = [f"select_{task}" for task in lanes[1:]]
+    assert sorted(dag.task_ids) == sorted(["plan", "finalize", *lanes, *selects])
+    default, api, heavy = (dag.get_task(task_id) for task_id in lanes)
+    # the DAG's pool covers the nodes whose tool has none; a tool's own pool wins for its nodes
+    assert (default.partial_kwargs["pool"], default.partial_kwargs["pool_slots"]) == ("plan_nodes", 1)
+    assert (api.partial_kwargs["pool"], api.partial_kwargs["pool_slots"]) == (API, 1)
+    assert (heavy.partial_kwargs["pool"], heavy.partial_kwargs["pool_slots"]) == (API, 2)
+    for task in (default, api, heavy):
+        assert task.partial_kwargs["max_active_tis_per_dagrun"] == 4
+    assert default.upstream_task_ids == {"plan"}
+    # each pool lane maps over its own select task, which runs beside the default lane
+    for task_id in lanes[1:]:
+        select = dag.get_task(f"select_{task_id}")
+        assert select.node_task == task_id
+        assert dag.get_task(task_id).upstream_task_ids == {"plan", select.task_id}
+        assert select.upstream_task_ids == {"plan"}
+    assert dag.get_task("finalize").upstream_task_ids == {"plan", *lanes}
 
 
 # ------------------------------------------------------------------------------------ runs in-process
@@ -287,9 +244,8 @@ def test_pooled_tools_add_one_lane_task_per_layer_with_the_tools_pool(tmp_path: 
 
 @pytest.mark.airflow
 def test_pooled_nodes_run_in_their_pools_with_the_same_result_as_without(tmp_path: Any, pools: None) -> None:
-    """Layered mode. (dag.test cannot run eager mode, with or without pools: it runs a deferred node's
-    trigger inline, before the parent it waits for. tests/e2e/test_celery_load.py runs an eager plan
-    with pooled nodes.)"""
+    """dag.test runs one task instance at a time, in any order: a node whose parent (in its lane or
+    another) has not run yet makes way (reschedules itself) and runs after it."""
     plain_log, pooled_log = CallLog(tmp_path / "plain"), CallLog(tmp_path / "pooled")
     plain = run_plan_dag(
         build("lanes_plain", plain_log, pooled=False, execution=NodeExecution(pool="plan_nodes"))

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from airflow_plan_provider import Budgets, Limits, NodeExecution
+from airflow_plan_provider import Budgets, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.airflow
 def build(dag_id, planner, tools, **options):
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("limits", Limits(max_depth=4))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
@@ -40,7 +39,7 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
 
     assert len(runs) == 2
     first = task_states(runs[0])
-    assert first["layer_1[0]"] == first["layer_2[0]"] == "skipped"  # moot after node 3's result
+    assert first["nodes[4]"] == first["nodes[5]"] == "skipped"  # moot after node 3's result
     assert str(runs[1].state) == "success"
     # every tool ran exactly once across the chain: 1-4 reused, not re-executed
     assert {t.name: log.count(t.name) for t in tools} == dict.fromkeys((t.name for t in tools), 1)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
@@ -24,7 +24,6 @@ GOAL = "find why the payment API got slow yesterday"
 def build(dag_id: str, planner: Any, tools: list[Any], **options: Any) -> Any:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
-    options.setdefault("limits", Limits(max_depth=4))
     options.setdefault("execution", NodeExecution(retries=0, retry_delay=timedelta(0)))
     return build_plan_dag(dag_id, planner=planner, tools=scripted_registry(*tools), **options)
 
@@ -111,9 +110,9 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
     with create_session() as session:
         rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id).all()
         rendered = {(row.task_id, row.map_index): row.rendered_fields for row in rows}
-    assert rendered["layer_0", 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
-    assert rendered["layer_1", 0]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
-    assert rendered["layer_1", 0]["plan_node"] == "5"
+    assert rendered["nodes", 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
+    assert rendered["nodes", 4]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
+    assert rendered["nodes", 4]["plan_node"] == "5"
 
 
 def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):

@@ -23,21 +23,19 @@ def test_settings_reach_the_tasks_and_operator_args_reach_every_task(tmp_path) -
         "settings_shape",
         planner=None,
         tools=registry(tmp_path),
-        limits=Limits(max_nodes=7, max_depth=2),
+        limits=Limits(max_nodes=7),
         budgets=Budgets(max_steps=4, max_replans=1),
         execution=NodeExecution(retries=1, timeout=timedelta(minutes=1), max_active_nodes=2, pool="p"),
         artifacts=ArtifactStore(url="file:///tmp/store", threshold=10, checkpoints=False),
         control_retries=ControlRetries(retries=0),
         operator_args={"owner": "data-team", "queue": "plans"},
     )
-    assert sorted(dag.task_ids) == ["finalize", "layer_0", "layer_1", "plan", "replan", "select_layer_1"]
+    assert sorted(dag.task_ids) == ["finalize", "nodes", "plan", "replan"]
     assert {(t.owner, t.queue) for t in dag.tasks} == {("data-team", "plans")}
     plan = dag.get_task("plan")
-    assert plan.limits == Limits(max_nodes=7, max_depth=2) and plan.budgets == Budgets(
-        max_steps=4, max_replans=1
-    )
+    assert plan.limits == Limits(max_nodes=7) and plan.budgets == Budgets(max_steps=4, max_replans=1)
     assert dag.params["max_steps"] == 4 and dag.params["max_replans"] == 1  # the trigger form's defaults
-    node = dag.get_task("layer_1")
+    node = dag.get_task("nodes")
     assert (node.retries, node.execution_timeout, node.max_active_tis_per_dagrun, node.pool) == (
         1,
         timedelta(minutes=1),
@@ -50,13 +48,13 @@ def test_settings_reach_the_tasks_and_operator_args_reach_every_task(tmp_path) -
         10,
         False,
     )
-    assert {t.retries for t in dag.tasks if not t.task_id.startswith("layer_")} == {0}
+    assert {t.retries for t in dag.tasks if t.task_id != "nodes"} == {0}
 
 
 def test_an_old_keyword_names_what_replaced_it(tmp_path) -> None:
     from airflow_plan_provider import build_plan_dag, plan_task_group
 
-    with pytest.raises(TypeError, match=r"'max_layers': use limits=Limits\(max_depth=\.\.\.\)"):
+    with pytest.raises(TypeError, match=r"'max_layers': use limits=Limits\(max_nodes=\.\.\.\)"):
         build_plan_dag("old_keyword", planner=None, tools=registry(tmp_path), max_layers=3)
     with pytest.raises(TypeError, match=r"'node_retries': use execution=NodeExecution\(retries=\.\.\.\)"):
         plan_task_group("old", planner=None, tools=registry(tmp_path), node_retries=1)

@@ -49,7 +49,7 @@ def team_dag(dag_id: str, log: CallLog, **tools: Any) -> Any:
             planner=ScriptedPlanner(PLAN),
             tools=registry,
             goal="why is {{ ti.xcom_pull(task_ids='extract') }} slow",
-            limits=Limits(max_depth=2),
+            limits=Limits(),
             execution=NodeExecution(retries=0, retry_delay=timedelta(0)),
         )
         extract() >> triage
@@ -68,9 +68,7 @@ def test_a_plan_runs_between_the_teams_own_tasks(tmp_path) -> None:
     states = task_states(run)
     assert str(run.state) == "success"
     assert states["extract"] == states["triage.plan"] == states["triage.finalize"] == "success"
-    assert [states["triage.layer_0[0]"], states["triage.layer_0[1]"], states["triage.layer_1[0]"]] == [
-        "success"
-    ] * 3
+    assert [states[f"triage.nodes[{i}]"] for i in range(3)] == ["success"] * 3
     assert {n: log.count(node=n) for n in "abc"} == dict.fromkeys("abc", 1)
     result = xcom(run, "triage.finalize")
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
@@ -88,7 +86,7 @@ def test_a_failed_session_fails_the_group_and_the_tasks_after_it_do_not_run(tmp_
     run = run_plan_dag(dag, {"goal": "not the group's", "max_steps": 1})  # the conf belongs to the team's DAG
     states = task_states(run)
     assert str(run.state) == "failed"
-    assert states["triage.layer_1[0]"] == "failed" and states["triage.finalize"] == "failed"
+    assert states["triage.nodes[2]"] == "failed" and states["triage.finalize"] == "failed"
     assert states["publish"] == "upstream_failed"
     result = xcom(run, "triage.finalize")
     assert (result["status"], result["reason"]) == ("failed", "node_failed")  # never replanned
@@ -109,7 +107,7 @@ def test_two_groups_in_one_dag_are_two_sessions(tmp_path) -> None:
     settings: dict[str, Any] = {
         "planner": ScriptedPlanner(PLAN),
         "tools": registry,
-        "limits": Limits(max_depth=2),
+        "limits": Limits(),
         "execution": NodeExecution(retries=0, retry_delay=timedelta(0)),
     }
     with DAG("two_groups", schedule=None) as dag:
@@ -138,8 +136,8 @@ def test_two_groups_in_one_dag_are_two_sessions(tmp_path) -> None:
         assert view["goal"] == goal and view["outcome"]["status"] == "completed"
         nodes = {node["id"]: node for node in view["runs"][0]["nodes"]}
         assert {n: (nodes[n]["task_id"], nodes[n]["state"]) for n in "abc"} == {
-            "a": (f"{goal}.layer_0", "success"),
-            "b": (f"{goal}.layer_0", "success"),
-            "c": (f"{goal}.layer_1", "success"),
+            "a": (f"{goal}.nodes", "success"),
+            "b": (f"{goal}.nodes", "success"),
+            "c": (f"{goal}.nodes", "success"),
         }
         assert view["runs"][0]["plan_state"] == "planned"

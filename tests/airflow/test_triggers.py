@@ -148,14 +148,14 @@ def test_job_trigger_keeps_polling_until_its_deadline(tmp_path: Path) -> None:
 
 def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
     trigger = ParentsFinishedTrigger(
-        dag_id="plan", run_id="manual__1", parents={"layer_0": [0, 2], "layer_0__api": [1]}, poll_interval=0.5
+        dag_id="plan", run_id="manual__1", parents={"nodes": [0, 2], "nodes__api": [1]}, poll_interval=0.5
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
     assert kwargs == {
         "dag_id": "plan",
         "run_id": "manual__1",
-        "parents": {"layer_0": [0, 2], "layer_0__api": [1]},
+        "parents": {"nodes": [0, 2], "nodes__api": [1]},
         "poll_interval": 0.5,
     }
     rebuilt = through_the_database(trigger)
@@ -168,9 +168,9 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     answers = [
-        {"manual__1": {"layer_0_0": "running", "layer_0_2": "success", "layer_0__api_1": "queued"}},
-        {"manual__1": {"layer_0_0": "success", "layer_0_2": "success", "layer_0__api_1": "running"}},
-        {"manual__1": {"layer_0_0": "success", "layer_0_2": "success", "layer_0__api_1": "failed"}},
+        {"manual__1": {"nodes_0": "running", "nodes_2": "success", "nodes__api_1": "queued"}},
+        {"manual__1": {"nodes_0": "success", "nodes_2": "success", "nodes__api_1": "running"}},
+        {"manual__1": {"nodes_0": "success", "nodes_2": "success", "nodes__api_1": "failed"}},
     ]
     asked: list[dict[str, Any]] = []
 
@@ -179,13 +179,37 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
         return answers[len(asked) - 1]
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
-    parents = {"layer_0": [0, 2], "layer_0__api": [1]}
+    parents = {"nodes": [0, 2], "nodes__api": [1]}
     trigger = ParentsFinishedTrigger(dag_id="plan", run_id="manual__1", parents=parents, poll_interval=0.01)
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "ready"}]
     assert len(asked) == 3  # not ready while a parent was queued or running
-    assert asked[0] == {"dag_id": "plan", "task_ids": ["layer_0", "layer_0__api"], "run_ids": ["manual__1"]}
+    assert asked[0] == {"dag_id": "plan", "task_ids": ["nodes", "nodes__api"], "run_ids": ["manual__1"]}
     validate_parents_event(events[0].payload)
+
+
+def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parent that failed a try waits for a slot again: the deferred node is released (it would
+    otherwise keep its task's max_active_tis_per_dagrun while the parent waits for that same cap)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    answers = [
+        {"manual__1": {"nodes_0": "running", "nodes_2": "deferred"}},
+        {"manual__1": {"nodes_0": "up_for_retry", "nodes_2": "deferred"}},
+    ]
+    asked: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        asked.append(query)
+        return answers[len(asked) - 1]
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan", run_id="manual__1", parents={"nodes": [0, 2]}, poll_interval=0.01
+    )
+    events = events_of(trigger)
+    assert [event.payload for event in events] == [{"status": "make_way"}] and len(asked) == 2
+    assert validate_parents_event(events[0].payload) == "make_way"
 
 
 # ------------------------------------------------------------------------------- event validation
@@ -228,7 +252,7 @@ def test_job_events_the_trigger_cannot_send_are_rejected(event: Any, message: st
     [
         (None, "resumed without an event from the parents trigger"),
         (["ready"], "is a list, expected a mapping"),
-        ({"status": "done"}, "status 'done', expected one of ready"),
+        ({"status": "done"}, "status 'done', expected one of ready, make_way"),
     ],
 )
 def test_parents_events_other_than_ready_are_rejected(event: Any, message: str) -> None:

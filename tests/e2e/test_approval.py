@@ -217,7 +217,7 @@ def test_rejected_plan_runs_no_node_and_fails_rejected(env: Env) -> None:
     assert [e["type"] for e in result["events"] if e["type"].startswith("approval.")] == ["approval.rejected"]
     assert env.calls_of(dag_id, run_id, "purge") == [] and env.calls_of(dag_id, run_id) == []
     tis = env.cluster.task_instances(dag_id, run_id)
-    assert not [t for t in tis if t["task_id"].startswith("layer_") and t["state"] == "success"]
+    assert not [t for t in tis if t["task_id"].startswith("nodes") and t["state"] == "success"]
 
 
 def test_approved_plan_completes(env: Env) -> None:

@@ -40,7 +40,7 @@ LOST_TASK_SETTINGS = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
 }
 # the task each session's conf holds, and where that task runs
-TARGETS = {"plan": ("plan", -1), "node": ("layer_0", 0), "finalize": ("finalize", -1)}
+TARGETS = {"plan": ("plan", -1), "node": ("nodes", 0), "finalize": ("finalize", -1)}
 
 
 @pytest.fixture(scope="module")

@@ -73,9 +73,8 @@ def start_cluster(
 
 
 def node_tis(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
-    """Plan node id → its task instance (layer k, index i of the published plan → layer_k[i]).
-
-    Empty before the plan is published; a later layer's nodes appear once that layer is expanded.
+    """Plan node id → its task instance (the i-th node of the published plan in layer order →
+    ``nodes[i]``). Empty before the plan is published and the node task is expanded.
     """
     try:
         plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
@@ -84,12 +83,8 @@ def node_tis(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dic
             return {}
         raise
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
-    return {
-        node: tis[(f"layer_{k}", i)]
-        for k, layer in enumerate(plan["layers"])
-        for i, node in enumerate(layer)
-        if (f"layer_{k}", i) in tis
-    }
+    order = [node for layer in plan["layers"] for node in layer]
+    return {node: tis[("nodes", i)] for i, node in enumerate(order) if ("nodes", i) in tis}
 
 
 def states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
@@ -201,7 +196,7 @@ class TestCrashAndClear:
     def test_scheduler_crash_then_restart_resumes_the_run(self, env: Env, point: str) -> None:
         cluster, log = env.cluster, env.log(CRASH_DAG)
         target, before = CRASH_POINTS[point]
-        assert cluster.api("GET", f"/dags/{CRASH_DAG}/tasks/layer_0")["retries"] >= 1
+        assert cluster.api("GET", f"/dags/{CRASH_DAG}/tasks/nodes")["retries"] >= 1
         run_id = cluster.trigger(CRASH_DAG, {"goal": "crash", "plan": crash_plan(target)})
 
         def at_kill_point() -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
@@ -265,7 +260,9 @@ class TestCrashAndClear:
         result = cluster.session_result(CRASH_DAG, run_id)
         assert result is not None and result.status == "completed"
 
-    def test_clearing_a_failed_node_reruns_it_and_its_skipped_descendants_only(self, env: Env) -> None:
+    def test_clearing_the_node_task_reruns_the_failed_node_and_its_skipped_descendants_only(
+        self, env: Env
+    ) -> None:
         cluster, log = env.cluster, env.log(CLEAR_DAG)
         (log.folder / GATE).unlink(missing_ok=True)
         run_id = cluster.trigger(CLEAR_DAG, {"goal": "clear"})
@@ -293,29 +290,26 @@ class TestCrashAndClear:
             res = cluster.api("POST", path, {"dag_run_id": run_id, **body})
             return {(t["task_id"], t["map_index"], t["state"]) for t in res["task_instances"]}
 
-        # What Airflow's own "clear failed + downstream" does (dry runs): only_failed leaves the skipped
-        # descendants q and s out (so they would stay skipped, and finalize would run again at once);
-        # without only_failed, the downstream of a mapped task is the whole next mapped task, so the
-        # succeeded node r (layer_1, a sibling of q) would be cleared and executed again.
+        # Every node is an instance of the one node task: clearing the failed instance with its
+        # downstream (a dry run) clears it, finalize and replan only, and leaves the skipped
+        # descendants q and s skipped. What re-runs a failed node and what it skipped is clearing the
+        # node task as a whole (every instance) with its downstream.
         p2, q, r, s = (tis[n] for n in ("p2", "q", "r", "s"))
         assert cleared(
-            {"dry_run": True, "task_ids": [marker("p2")], "only_failed": True, "include_downstream": True}
+            {"dry_run": True, "task_ids": [marker("p2")], "only_failed": False, "include_downstream": True}
         ) == {
             (p2["task_id"], p2["map_index"], "failed"),
             ("finalize", -1, "failed"),
             ("replan", -1, "upstream_failed"),
         }
-        assert (r["task_id"], r["map_index"], "success") in cleared(
-            {"dry_run": True, "task_ids": [marker("p2")], "only_failed": False, "include_downstream": True}
-        )
 
-        # Open the gate, then do what a user does in the UI: clear the failed node with its downstream.
-        # That clears the whole next layer too, succeeded node r included; r's checkpoint (keyed by its
-        # idempotency key) makes it finish at once with its saved output, without calling its tool again.
+        # Open the gate, then clear the node task with its downstream. The succeeded nodes p1 and r
+        # finish at once from their checkpoints (keyed by their idempotency keys), without calling
+        # their tools again.
         (log.folder / GATE).touch()
         body = {
             "dry_run": False,
-            "task_ids": [marker("p2")],
+            "task_ids": [p2["task_id"]],
             "only_failed": False,
             "include_downstream": True,
         }
@@ -369,7 +363,7 @@ class TestDeferredNodeHoldsNoWorkerSlot:
 
         def export_ti() -> dict[str, Any] | None:
             try:
-                return task_instance(cluster, ASYNC_DAG, run_a, "layer_0", 0)
+                return task_instance(cluster, ASYNC_DAG, run_a, "nodes", 0)
             except ValueError:  # not expanded yet
                 return None
 
@@ -390,7 +384,7 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         assert done is not None and done["state"] == "success"
         b_end = utc(cluster.get_run(QUICK_DAG, run_b)["end_date"])
         assert b_end < utc(done["end_date"])  # B ended before A's node did
-        record = cluster.xcom(ASYNC_DAG, run_a, "layer_0", key="node", map_index=0)
+        record = cluster.xcom(ASYNC_DAG, run_a, "nodes", key="node", map_index=0)
         assert record["status"] == "success"
         assert record["output"] == {"rows": 42, "uri": "file:///exports/table.parquet"}
         assert record["polling"]["outcome"] == "done"
@@ -403,9 +397,9 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         cluster = env.cluster
         run_id = cluster.trigger(ASYNC_FAILS_DAG, {"goal": "export"})
         assert cluster.wait_for_run(ASYNC_FAILS_DAG, run_id, timeout=RUN_TIMEOUT) == "failed"
-        ti = task_instance(cluster, ASYNC_FAILS_DAG, run_id, "layer_0", 0)
+        ti = task_instance(cluster, ASYNC_FAILS_DAG, run_id, "nodes", 0)
         assert (ti["state"], ti["try_number"]) == ("failed", 1)  # a failed job is not retried
-        record = cluster.xcom(ASYNC_FAILS_DAG, run_id, "layer_0", key="node", map_index=0)
+        record = cluster.xcom(ASYNC_FAILS_DAG, run_id, "nodes", key="node", map_index=0)
         assert record["status"] == "failed"
         assert record["error"] == "job failed: warehouse export quota exceeded"
         assert record["polling"]["outcome"] == "failed"

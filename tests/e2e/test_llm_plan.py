@@ -215,9 +215,9 @@ def test_cyclic_plan_fails_planning_after_the_repairs(
     states = {(ti["task_id"], ti["map_index"]): ti["state"] for ti in tis}
     assert states[("plan", -1)] == "failed"
     assert states[("finalize", -1)] == "failed"
-    node_tasks = {k: s for k, s in states.items() if k[0].startswith(("layer_", "select_layer_"))}
+    node_tasks = {k: s for k, s in states.items() if k[0].startswith(("nodes", "select_nodes"))}
     assert node_tasks and set(node_tasks.values()) <= {"upstream_failed", "skipped"}, node_tasks
-    assert all(ti["try_number"] == 0 for ti in tis if ti["task_id"].startswith("layer_"))
+    assert all(ti["try_number"] == 0 for ti in tis if ti["task_id"].startswith("nodes"))
     assert [r["dag_run_id"] for r in cluster.list_runs(DAG_ID) if r["dag_run_id"].startswith(root)] == [root]
 
     result = cluster.xcom(DAG_ID, root, "finalize")

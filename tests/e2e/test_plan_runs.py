@@ -72,17 +72,17 @@ def run_to_end(cluster: AirflowCluster, dag_id: str, conf: dict[str, Any]) -> tu
 
 
 def states_by_node(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
-    """Plan node id → task state, from the published plan's layers (layer k, index i → layer_k[i])."""
+    """Plan node id → task state, from the published plan's layers (the i-th node in layer order is
+    ``nodes[i]``)."""
     plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
     states = {}
-    for k, layer in enumerate(plan["layers"]):
-        for i, node_id in enumerate(layer):
-            ti = tis[(f"layer_{k}", i)]
-            label = ti.get("rendered_map_index")
-            if label:  # the grid label names the same node
-                assert label.split(" · ")[0] == node_id, (label, node_id)
-            states[node_id] = ti["state"]
+    for i, node_id in enumerate(node for layer in plan["layers"] for node in layer):
+        ti = tis[("nodes", i)]
+        label = ti.get("rendered_map_index")
+        if label:  # the grid label names the same node
+            assert label.split(" · ")[0] == node_id, (label, node_id)
+        states[node_id] = ti["state"]
     return states
 
 
@@ -227,13 +227,13 @@ def test_transient_failure_is_retried_by_airflow(env: Env) -> None:
     cluster, dag_id = env.cluster, "e2e_transient"
     run_id, state = run_to_end(cluster, dag_id, {"goal": "retry"})
     assert state == "success"
-    flaky = task_instance(cluster, dag_id, run_id, "layer_0", 0)
+    flaky = task_instance(cluster, dag_id, run_id, "nodes", 0)
     assert (flaky["state"], flaky["try_number"]) == ("success", 2)
-    assert task_instance(cluster, dag_id, run_id, "layer_1", 0)["try_number"] == 1
+    assert task_instance(cluster, dag_id, run_id, "nodes", 1)["try_number"] == 1
     assert env.log(dag_id).count("flaky") == 2
-    record = cluster.xcom(dag_id, run_id, "layer_0", key="node", map_index=0)
+    record = cluster.xcom(dag_id, run_id, "nodes", key="node", map_index=0)
     assert (record["status"], record["attempts"]) == ("success", 2)
-    assert "transient failure 1" in cluster.task_log(dag_id, run_id, "layer_0", try_number=1, map_index=0)
+    assert "transient failure 1" in cluster.task_log(dag_id, run_id, "nodes", try_number=1, map_index=0)
 
 
 def test_a_plan_group_runs_between_the_teams_own_tasks(env: Env) -> None:

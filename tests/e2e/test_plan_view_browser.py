@@ -303,7 +303,7 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     )
     assert "no deploys" in browser.find_element(By.ID, "reason").text
     node5 = details(browser, "5")
-    ti = task_instance(cluster, session.child, "layer_1", 0)
+    ti = task_instance(cluster, session.child, "nodes", 4)
     assert node5["Tool"] == "analyze_correlation" and node5["Reused"] == "no"
     assert node5["Worker"] == ti["hostname"] and node5["Attempts"] == str(ti["try_number"])
     assert node5["Revision"] == "revised"

@@ -168,11 +168,22 @@ def test_tools_check_params_and_names(tools_dir: Path) -> None:
 
 
 def test_limits_are_applied(plan_file: Path) -> None:
-    result = run_cli("validate", str(plan_file), "--max-nodes", "2", "--max-depth", "1")
+    result = run_cli("validate", str(plan_file), "--max-nodes", "2")
     assert result.returncode == 1
     codes = [line.split(":", 1)[0] for line in problems(result)]
-    assert codes == ["too_many_nodes", "too_deep"]
-    assert run_cli("validate", str(plan_file), "--max-nodes", "3", "--max-depth", "2").returncode == 0
+    assert codes == ["too_many_nodes"]
+    assert run_cli("validate", str(plan_file), "--max-nodes", "3").returncode == 0
+
+
+def test_a_plan_as_deep_as_it_is_long_is_valid_with_the_default_limits(tmp_path: Path) -> None:
+    """No depth limit: a chain of 30 nodes (30 layers) is valid, for the CLI as for the DAG."""
+    nodes = [{"id": str(i), "action": f"step {i}", "tool": "t", "params": {}} for i in range(30)]
+    edges = [{"from": str(i), "to": str(i + 1)} for i in range(29)]
+    chain = tmp_path / "chain.json"
+    chain.write_text(json.dumps({"goal": "g", "nodes": nodes, "edges": edges}))
+    result = run_cli("validate", str(chain))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["layers"] == [[str(i)] for i in range(30)]
 
 
 def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
@@ -204,7 +215,7 @@ def test_unknown_tool_registry_is_a_usage_error(plan_file: Path) -> None:
         ("lint", "plan.json"),
         ("validate",),
         ("validate", "plan.json", "--max-nodes", "0"),
-        ("validate", "plan.json", "--max-depth", "many"),
+        ("validate", "plan.json", "--max-nodes", "many"),
         ("validate", "plan.json", "--colour"),
     ],
 )
@@ -218,7 +229,7 @@ def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
 def test_help_exits_0() -> None:
     result = run_cli("validate", "--help")
     assert result.returncode == 0
-    assert "--max-depth" in result.stdout
+    assert "--max-nodes" in result.stdout and "--max-depth" not in result.stdout
 
 
 # --- untrusted input reaching the terminal, tool modules, input size ------------------------------

@@ -26,7 +26,7 @@ from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_
 from airflow_plan_provider.tools.registry import ToolRegistry
 
 API_KEY = "sk-test-5ecr3t-Zq81xK"
-LIMITS = Limits(max_nodes=10, max_depth=4)
+LIMITS = Limits(max_nodes=10)
 
 
 def make_tools() -> ToolRegistry:
@@ -133,7 +133,7 @@ def test_valid_plan_on_first_reply(server: OpenAITestServer) -> None:
     assert system["role"] == "system" and user["role"] == "user"
     assert "query_metrics: Latency percentiles of a service for one day" in system["content"]
     assert '"service":{"title":"Service","type":"string"}' in system["content"]
-    assert "at most 10 nodes" in system["content"] and "at most 4 layers" in system["content"]
+    assert "at most 10 nodes" in system["content"] and "layers" not in system["content"]
     assert "${ID.field" in system["content"] and '"optional": true' in system["content"]
     assert "Goal: find the slow service" in user["content"]
     assert '"team": "payments"' in user["content"]

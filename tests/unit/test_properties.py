@@ -21,7 +21,7 @@ from airflow_plan_provider.tools.registry import ToolRegistry
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROBLEM_CODES = set(ProblemCode.__args__)  # type: ignore[attr-defined]
-BIG = Limits(max_nodes=10_000, max_depth=10_000)
+BIG = Limits(max_nodes=10_000)
 
 REGISTRY = ToolRegistry()
 

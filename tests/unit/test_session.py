@@ -53,14 +53,8 @@ def types(state: SessionState) -> list[str]:
 
 
 def test_a_session_starts_from_a_goal_and_budgets() -> None:
-    state = start_session(goal="g", budgets=Budgets(max_steps=5), dag_id="d", run_id="r", eager=True)
-    assert (state.goal, state.root_run_id, state.run_ids, state.dag_id, state.eager) == (
-        "g",
-        "r",
-        ["r"],
-        "d",
-        True,
-    )
+    state = start_session(goal="g", budgets=Budgets(max_steps=5), dag_id="d", run_id="r")
+    assert (state.goal, state.root_run_id, state.run_ids, state.dag_id) == ("g", "r", ["r"], "d")
     assert state.budgets.max_steps == 5 and state.revision == 0 and state.current_plan is None
     assert start_session(goal="g", run_id="r").budgets == Budgets()
 
@@ -193,7 +187,6 @@ def test_the_run_context_holds_what_a_node_needs() -> None:
     state = SessionState(
         root_run_id="r",
         revision=2,
-        eager=True,
         lanes={"b": "api"},
         budgets=Budgets(max_steps=9),
         locked={
@@ -207,7 +200,6 @@ def test_the_run_context_holds_what_a_node_needs() -> None:
     assert run_context(state) == RunContext(
         root_run_id="r",
         revision=2,
-        eager=True,
         lanes={"b": "api"},
         execution_order=["d"],
         budgets=Budgets(max_steps=9),

@@ -27,7 +27,7 @@ from airflow_plan_provider.settings import (
     [
         (lambda: NodeExecution(retries=-1), "NodeExecution.retries"),
         (lambda: NodeExecution(retries=True), "NodeExecution.retries"),
-        (lambda: NodeExecution(mode="eager"), "NodeExecution.mode"),  # type: ignore[arg-type]
+        (lambda: NodeExecution(slot_wait=timedelta(seconds=-1)), "NodeExecution.slot_wait"),
         (lambda: NodeExecution(max_active_nodes=0), "NodeExecution.max_active_nodes"),
         (lambda: NodeExecution(retry_delay=5), "NodeExecution.retry_delay"),  # type: ignore[arg-type]
         (lambda: NodeExecution(timeout=timedelta(0)), "NodeExecution.timeout"),
@@ -70,7 +70,7 @@ def test_the_cli_defaults_are_the_limits_defaults() -> None:
         ["freeze", "p.json", "--tools", "m:r", "--dag-id", "d", "--schedule", "@daily"],
     ):
         args = parser.parse_args(command)
-        assert Limits(max_nodes=args.max_nodes, max_depth=args.max_depth) == Limits(), command
+        assert Limits(max_nodes=args.max_nodes) == Limits(), command
 
 
 def test_the_artifact_threshold_is_stated_once() -> None:
@@ -93,6 +93,7 @@ def test_node_execution_becomes_the_node_tasks_arguments() -> None:
         "max_retry_delay": timedelta(minutes=5),
         "execution_timeout": timedelta(minutes=2),
         "max_active_tis_per_dagrun": 3,
+        "slot_wait": 30.0,
         "pool": "p",
     }
     assert "pool" not in NodeExecution().task_kwargs()

@@ -362,16 +362,15 @@ def test_too_many_nodes() -> None:
     assert problem.message == "plan has 3 nodes; the limit is 2"
 
 
-def test_too_deep_names_the_first_layer_over_the_limit() -> None:
+def test_depth_is_limited_only_by_the_node_count() -> None:
+    """Nodes run without layer barriers: a chain as long as ``max_nodes`` is valid."""
+    limits = Limits()
     chain = {
-        "nodes": [node(str(i)) for i in range(1, 6)],
-        "edges": [edge(str(i), str(i + 1)) for i in range(1, 5)],
+        "nodes": [node(str(i)) for i in range(limits.max_nodes)],
+        "edges": [edge(str(i), str(i + 1)) for i in range(limits.max_nodes - 1)],
     }
-    [problem] = problems_of(chain, limits=Limits(max_depth=3))
-    assert problem.code == "too_deep"
-    assert problem.nodes == ("4",)
-    assert problem.message == "plan needs 5 layers; this DAG runs at most 3"
-    assert validate_plan(chain, limits=Limits(max_depth=5)).layers == [["1"], ["2"], ["3"], ["4"], ["5"]]
+    assert len(validate_plan(chain, limits=limits).layers) == limits.max_nodes
+    assert not hasattr(limits, "max_depth")
 
 
 # --- several problems -----------------------------------------------------------------------------------
@@ -604,7 +603,7 @@ def test_param_depth_limit_is_configurable_up_to_the_resolver_ceiling() -> None:
         Limits(max_param_depth=101)
 
 
-@pytest.mark.parametrize("name", ["max_nodes", "max_depth", "max_param_chars", "max_text_chars"])
+@pytest.mark.parametrize("name", ["max_nodes", "max_param_chars", "max_text_chars"])
 @pytest.mark.parametrize("value", [0, -1, True, 2.5])
 def test_limits_must_be_positive_integers(name: str, value: Any) -> None:
     with pytest.raises(ValueError, match=f"Limits.{name} must be a positive integer"):

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import ApprovalPolicy, Limits, NodeExecution, build_plan_dag
+from airflow_plan_provider import ApprovalPolicy, NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 SECRET = "sk-e2e-approval-secret-0042"  # a param value the approval request must not show
@@ -60,7 +60,6 @@ e2e_approval = build_plan_dag(
     planner=ScriptedPlanner(purge_plan()),
     tools=tools("e2e_approval"),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
-    limits=Limits(max_depth=2),
     execution=NodeExecution(**NODES),
     **COMMON,
 )
@@ -71,7 +70,6 @@ e2e_approval_timeout = build_plan_dag(
     planner=ScriptedPlanner(purge_plan()),
     tools=tools("e2e_approval_timeout"),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(seconds=10)),
-    limits=Limits(max_depth=2),
     execution=NodeExecution(**NODES),
     **COMMON,
 )
@@ -102,7 +100,6 @@ e2e_approval_replan = build_plan_dag(
     ),
     tools=tools("e2e_approval_replan", probe_replans=True),
     approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
-    limits=Limits(max_depth=3),
     execution=NodeExecution(**NODES),
     **COMMON,
 )

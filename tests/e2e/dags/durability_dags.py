@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import Budgets, Limits, NodeExecution, PermanentToolError, build_plan_dag
+from airflow_plan_provider import Budgets, NodeExecution, PermanentToolError, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
 
@@ -79,7 +79,6 @@ e2e_crash = build_plan_dag(
     "e2e_crash",
     planner=None,
     tools=scripted_registry(EffectFirstTool("step", log=call_log("e2e_crash"))),
-    limits=Limits(max_depth=3),
     execution=NodeExecution(**NODES, retries=2),
     budgets=Budgets(max_replans=0),
     **COMMON,
@@ -105,7 +104,6 @@ e2e_clear = build_plan_dag(
         ScriptedTool("steady", log=call_log("e2e_clear"), returns={"ok": True}),
         GatedTool("gated", log=call_log("e2e_clear"), gate=call_log("e2e_clear").folder / GATE, returns=7),
     ),
-    limits=Limits(max_depth=3),
     execution=NodeExecution(**NODES, retries=1),
     budgets=Budgets(max_replans=0),
     **COMMON,
@@ -129,7 +127,6 @@ e2e_async_wait = build_plan_dag(
             poll_interval=1.0,
         )
     ),
-    limits=Limits(max_depth=1),
     budgets=Budgets(max_replans=0),
     execution=NodeExecution(**NODES),
     **COMMON,
@@ -147,7 +144,6 @@ e2e_quick_three = build_plan_dag(
         }
     ),
     tools=scripted_registry(ScriptedTool("quick", log=call_log("e2e_quick_three"), returns="done")),
-    limits=Limits(max_depth=1),
     execution=NodeExecution(**NODES, max_active_nodes=1),
     budgets=Budgets(max_replans=0),
     **COMMON,
@@ -172,7 +168,6 @@ e2e_async_fails = build_plan_dag(
             poll_interval=0.5,
         )
     ),
-    limits=Limits(max_depth=1),
     budgets=Budgets(max_replans=0),
     execution=NodeExecution(**NODES),
     **COMMON,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider import Budgets, ControlRetries, Limits, build_plan_dag
+from airflow_plan_provider import Budgets, ControlRetries, build_plan_dag
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
@@ -103,7 +103,6 @@ e2e_lost_worker = build_plan_dag(
     DAG_ID,
     planner=HoldingPlanner(call_log(DAG_ID)),
     tools=scripted_registry(EffectTool("effect", log=call_log(DAG_ID))),
-    limits=Limits(max_depth=2),
     budgets=Budgets(max_replans=0),
     control_retries=ControlRetries(),  # the default, spelled out: 3 retries, 5 s apart
     default_args={"on_execute_callback": hold_finalize},

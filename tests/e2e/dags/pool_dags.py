@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from airflow_plan_provider import Limits, NodeExecution, ToolRegistry, build_plan_dag
+from airflow_plan_provider import NodeExecution, ToolRegistry, build_plan_dag
 from airflow_plan_provider.testing import ScriptedPlanner
 
 POOL = "rate_limited_api"
@@ -131,14 +131,13 @@ COMMON: dict[str, Any] = {"tools": registry, "replan": False, "tags": ["e2e"]}
 e2e_pool_load = build_plan_dag(
     "e2e_pool_load",
     planner=ScriptedPlanner(_plan_for),
-    limits=Limits(max_depth=2),
     execution=NodeExecution(**NODES),
     **COMMON,
 )
 
-# eager mode: lanes wait for parents in other lanes (api0 -> local0 -> api1, and sum0 reads both lanes)
-EAGER_PLAN = {
-    "goal": "eager lanes",
+# lanes wait for parents in other lanes (api0 -> local0 -> api1, and sum0 reads both lanes)
+CROSS_LANES_PLAN = {
+    "goal": "cross lanes",
     "nodes": [
         {
             "id": "api0",
@@ -172,10 +171,9 @@ EAGER_PLAN = {
         },
     ],
 }
-e2e_pool_eager = build_plan_dag(
-    "e2e_pool_eager",
-    planner=ScriptedPlanner(EAGER_PLAN),
-    execution=NodeExecution(**NODES, mode="nodes"),
-    limits=Limits(max_depth=4),
+e2e_pool_cross_lanes = build_plan_dag(
+    "e2e_pool_cross_lanes",
+    planner=ScriptedPlanner(CROSS_LANES_PLAN),
+    execution=NodeExecution(**NODES),
     **COMMON,
 )

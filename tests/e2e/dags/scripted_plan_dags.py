@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_plan_provider import Limits, NodeExecution, build_plan_dag, plan_task_group
+from airflow_plan_provider import NodeExecution, build_plan_dag, plan_task_group
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
 
@@ -46,7 +46,6 @@ e2e_seed_failure = build_plan_dag(
     tools=scripted_registry(
         *seed_tools(call_log("e2e_seed_failure"), query_deploys={"permanent": "deploy API says 403"})
     ),
-    limits=Limits(max_depth=3),
     execution=NodeExecution(**NODES),
     **COMMON,
 )
@@ -58,7 +57,6 @@ e2e_seed_replan = build_plan_dag(
     tools=scripted_registry(
         *seed_tools(call_log("e2e_seed_replan"), query_deploys={"replan": "no deploys yesterday"})
     ),
-    limits=Limits(max_depth=3),
     execution=NodeExecution(**NODES),
     **COMMON,
 )
@@ -70,7 +68,6 @@ e2e_cap_two = build_plan_dag(
     tools=scripted_registry(
         ScriptedTool("nap", log=call_log("e2e_cap_two"), sleep=NAP_SECONDS, returns="rested")
     ),
-    limits=Limits(max_depth=1),
     execution=NodeExecution(**NODES, max_active_nodes=2),
     **COMMON,
 )
@@ -82,7 +79,6 @@ e2e_pool_three = build_plan_dag(
     tools=scripted_registry(
         ScriptedTool("nap", log=call_log("e2e_pool_three"), sleep=NAP_SECONDS, returns="rested")
     ),
-    limits=Limits(max_depth=1),
     execution=NodeExecution(**NODES, max_active_nodes=5, pool=POOL),
     **COMMON,
 )
@@ -104,7 +100,6 @@ e2e_transient = build_plan_dag(
         ScriptedTool("flaky", log=call_log("e2e_transient"), transient_failures=1, returns={"ok": True}),
         ScriptedTool("steady", log=call_log("e2e_transient"), returns="done"),
     ),
-    limits=Limits(max_depth=2),
     execution=NodeExecution(**NODES, retries=2),
     **COMMON,
 )

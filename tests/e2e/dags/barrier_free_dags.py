@@ -1,0 +1,94 @@
+"""Plan DAGs for tests/e2e/test_barrier_free.py: nodes start when their own parents finish (no layer
+barrier), under caps smaller than the plan's width, on the embedded SQLite database."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+from airflow_plan_provider import NodeExecution, build_plan_dag
+from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+
+def call_log(dag_id: str) -> CallLog:
+    root = os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
+    return CallLog(Path(root) / dag_id)
+
+
+# a slow root beside a quick chain: b -> c must not wait for a (it would, behind a layer barrier)
+UNBALANCED = {
+    "goal": "unbalanced",
+    "nodes": [
+        {"id": "a", "action": "slow root", "tool": "slow"},
+        {"id": "b", "action": "quick root", "tool": "quick"},
+        {"id": "c", "action": "after b", "tool": "quick", "dependencies": ["b"]},
+        {"id": "d", "action": "after a and c", "tool": "quick", "dependencies": ["a", "c"]},
+    ],
+}
+
+_log = call_log("e2e_unbalanced")
+e2e_unbalanced = build_plan_dag(
+    "e2e_unbalanced",
+    planner=ScriptedPlanner(UNBALANCED),
+    tools=scripted_registry(
+        ScriptedTool("slow", log=_log, returns="slow", sleep=20),
+        ScriptedTool("quick", log=_log, returns="q", sleep=1),
+    ),
+    execution=NodeExecution(max_active_nodes=4, retries=0),
+    replan=False,
+)
+
+# ten nodes, six of them children of a root that fails twice before it succeeds: while the root waits
+# for its retries, its children hold (or would hold) both of the run's two node slots
+RETRYING_ROOT = {
+    "goal": "a root that retries under a cap of 2",
+    "nodes": [
+        {"id": "root", "action": "flaky root", "tool": "flaky"},
+        *(
+            {"id": f"c{i}", "action": f"child {i}", "tool": "quick", "dependencies": ["root"]}
+            for i in range(6)
+        ),
+        {"id": "g0", "action": "join 0-1", "tool": "quick", "dependencies": ["c0", "c1"]},
+        {"id": "g1", "action": "join 2-5", "tool": "quick", "dependencies": ["c2", "c3", "c4", "c5"]},
+        {"id": "end", "action": "join all", "tool": "quick", "dependencies": ["g0", "g1"]},
+    ],
+}
+
+_retry_log = call_log("e2e_cap_2_retrying_root")
+e2e_cap_2_retrying_root = build_plan_dag(
+    "e2e_cap_2_retrying_root",
+    planner=ScriptedPlanner(RETRYING_ROOT),
+    tools=scripted_registry(
+        ScriptedTool("flaky", log=_retry_log, returns="root", transient_failures=2, sleep=1),
+        ScriptedTool("quick", log=_retry_log, returns="q", sleep=0.5),
+    ),
+    execution=NodeExecution(
+        max_active_nodes=2, retries=2, retry_delay=timedelta(seconds=2), retry_exponential_backoff=0
+    ),
+    replan=False,
+)
+
+# a small diamond run ten times at once: every node polls and writes while the others do
+DIAMOND = {
+    "goal": "diamond",
+    "nodes": [
+        {"id": "top", "action": "top", "tool": "quick"},
+        *(
+            {"id": f"m{i}", "action": f"middle {i}", "tool": "quick", "dependencies": ["top"]}
+            for i in range(3)
+        ),
+        {"id": "bottom", "action": "bottom", "tool": "quick", "dependencies": ["m0", "m1", "m2"]},
+    ],
+}
+
+e2e_sqlite_diamond = build_plan_dag(
+    "e2e_sqlite_diamond",
+    planner=ScriptedPlanner(DIAMOND),
+    tools=scripted_registry(
+        ScriptedTool("quick", log=call_log("e2e_sqlite_diamond"), returns="q", sleep=0.3)
+    ),
+    execution=NodeExecution(max_active_nodes=3, retries=0),
+    replan=False,
+)

@@ -1,0 +1,95 @@
+"""Barrier-free nodes on a real scheduler (LocalExecutor, SQLite): a node starts when its own parents
+finish, a cap smaller than the plan's width with a retrying parent does not deadlock, and concurrent
+runs on SQLite do not lock the database."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_plan_provider.testing import CallLog
+from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.sessions import node_states, session_result
+
+pytestmark = pytest.mark.e2e
+
+DAG_FILE = Path(__file__).parent / "dags" / "barrier_free_dags.py"
+DAGS = ("e2e_unbalanced", "e2e_cap_2_retrying_root", "e2e_sqlite_diamond")
+LOCKED = "database is locked"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowCluster, Path]]:
+    base = tmp_path_factory.mktemp("barrier_free")
+    (base / "dags").mkdir()
+    shutil.copy(DAG_FILE, base / "dags")
+    calls = base / "calls"
+    with AirflowCluster(base / "dags", env={"PLAN_E2E_CALL_LOG": str(calls)}) as running:
+        for dag_id in DAGS:
+            running.wait_for_dag(dag_id, timeout=180)
+            running.unpause(dag_id)
+        yield running, calls
+
+
+def times(log: CallLog, node: str) -> dict[str, float]:
+    entries = [e for e in log._read(log.path) if e["node"] == node]
+    return {e["event"]: e["t"] for e in entries}
+
+
+def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster, Path]) -> None:
+    airflow, calls = cluster
+    run_id = airflow.trigger("e2e_unbalanced", {"goal": "unbalanced"})
+    assert airflow.wait_for_run("e2e_unbalanced", run_id, timeout=300) == "success"
+    log = CallLog(calls / "e2e_unbalanced")
+    a, c, d = times(log, "a"), times(log, "c"), times(log, "d")
+    assert c["start"] < a["end"]  # c (layer 1) did not wait for a (layer 0, 20 s): no barrier
+    assert d["start"] >= a["end"] and d["start"] >= c["end"]  # d waited for both of its parents
+    assert {n: log.count(node=n) for n in "abcd"} == dict.fromkeys("abcd", 1)
+    result = session_result(airflow, "e2e_unbalanced", run_id)
+    assert result is not None and result["status"] == "completed"
+    assert result["outputs"] == {"a": "slow", "b": "q", "c": "q", "d": "q"}
+    task_ids = {ti["task_id"] for ti in airflow.task_instances("e2e_unbalanced", run_id)}
+    assert task_ids == {"plan", "nodes", "finalize"}
+
+
+def test_a_cap_of_two_with_a_root_that_retries_twice_completes(cluster: tuple[AirflowCluster, Path]) -> None:
+    """Ten nodes, at most two running at once, six children waiting on a root that fails twice: the
+    children make way for the root's retries instead of keeping the two slots (no deadlock)."""
+    airflow, calls = cluster
+    dag_id = "e2e_cap_2_retrying_root"
+    run_id = airflow.trigger(dag_id, {"goal": "retrying root"})
+    assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success"
+    states = node_states(airflow, dag_id, run_id)
+    assert states == dict.fromkeys(["root", *(f"c{i}" for i in range(6)), "g0", "g1", "end"], "success")
+    root = next(
+        ti
+        for ti in airflow.task_instances(dag_id, run_id)
+        if ti["task_id"] == "nodes" and ti["map_index"] == 0
+    )
+    assert root["try_number"] == 3
+    log = CallLog(calls / dag_id)
+    assert log.count("flaky") == 3 and log.count("quick") == 9
+    result = session_result(airflow, dag_id, run_id)
+    assert result is not None and (result["status"], result["reason"]) == ("completed", "goal_met")
+
+
+def test_ten_concurrent_runs_on_sqlite_do_not_lock_the_database(cluster: tuple[AirflowCluster, Path]) -> None:
+    airflow, _ = cluster
+    dag_id = "e2e_sqlite_diamond"
+    run_ids = [airflow.trigger(dag_id, {"goal": f"diamond {i}"}) for i in range(10)]
+    outcomes = {run_id: airflow.wait_for_run(dag_id, run_id, timeout=600) for run_id in run_ids}
+    assert outcomes == dict.fromkeys(run_ids, "success")
+    for run_id in run_ids:
+        result = session_result(airflow, dag_id, run_id)
+        assert result is not None and result["status"] == "completed", result
+        assert LOCKED not in str(result)
+    locked = [
+        f"{path.relative_to(airflow.log_dir)}: {line.strip()[:200]}"
+        for path in sorted(airflow.log_dir.rglob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if LOCKED in line
+    ]
+    assert locked == []

@@ -1,0 +1,65 @@
+"""What a node does while its parents have not finished: the pure decision behind barrier-free nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_plan_provider.triggers.parents import QUEUED_GRACE, ParentsWait, parent_states, parents_wait
+
+SLOT_WAIT = 30.0
+
+
+def decide(*states: str | None, waited: float = 0.0) -> ParentsWait:
+    return parents_wait(list(states), waited, SLOT_WAIT)
+
+
+@pytest.mark.parametrize("finished", ["success", "failed", "skipped", "upstream_failed", "removed"])
+def test_every_finished_state_counts_as_finished(finished: str) -> None:
+    assert decide("success", finished) is ParentsWait.READY
+    assert decide() is ParentsWait.READY  # no parents at all
+
+
+def test_running_parents_are_waited_for_in_the_slot_until_the_bound() -> None:
+    assert decide("running", "success", waited=0.0) is ParentsWait.WAIT
+    assert decide("running", "running", waited=SLOT_WAIT - 0.1) is ParentsWait.WAIT
+    assert decide("running", waited=SLOT_WAIT) is ParentsWait.DEFER
+
+
+def test_a_queued_parent_is_waited_for_briefly_only() -> None:
+    """Queued holds its slot, but with no free worker it may stay queued: the node does not hold one."""
+    assert decide("queued", "running", waited=QUEUED_GRACE - 0.1) is ParentsWait.WAIT
+    assert decide("queued", "running", waited=QUEUED_GRACE) is ParentsWait.DEFER
+
+
+def test_a_parent_waiting_on_the_triggerer_is_waited_for_on_the_triggerer() -> None:
+    assert decide("deferred", "running", waited=0.0) is ParentsWait.DEFER
+
+
+@pytest.mark.parametrize(
+    "not_started", [None, "scheduled", "up_for_retry", "up_for_reschedule", "restarting", "anything else"]
+)
+def test_a_parent_that_needs_a_slot_gets_this_one(not_started: str | None) -> None:
+    """Whatever the others do, and however long the node waited: it gives its slot (and its task's cap,
+    which a deferred instance keeps) back to the parent."""
+    assert decide(not_started, waited=0.0) is ParentsWait.MAKE_WAY
+    assert decide("running", not_started, "deferred", waited=SLOT_WAIT * 2) is ParentsWait.MAKE_WAY
+    assert decide("success", not_started) is ParentsWait.MAKE_WAY
+
+
+def test_the_trigger_decision_ignores_time() -> None:
+    """The trigger asks with no bound: it keeps waiting (wait or defer) on started parents and releases
+    the node only when they finished or one needs a slot."""
+    for states, expected in (
+        (["running", "queued"], ParentsWait.WAIT),
+        (["running", "queued", "deferred"], ParentsWait.DEFER),
+        (["success", "failed"], ParentsWait.READY),
+        (["running", "up_for_retry"], ParentsWait.MAKE_WAY),
+    ):
+        assert parents_wait(states, 0.0, float("inf")) is expected
+
+
+def test_parent_states_reads_mapped_instances_of_several_tasks() -> None:
+    found = {"r": {"nodes_0": "success", "nodes_3": "running", "nodes__api_1": "scheduled", "nodes": "x"}}
+    parents = {"nodes": [0, 3, 5], "nodes__api": [1]}
+    assert parent_states(found, "r", parents) == ["success", "running", None, "scheduled"]
+    assert decide(*parent_states(found, "r", parents)) is ParentsWait.MAKE_WAY
