@@ -12,7 +12,6 @@ import pytest
 
 from airflow_plan_provider.testing import CallLog
 from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sessions import node_states, session_result
 
 pytestmark = pytest.mark.e2e
 
@@ -48,9 +47,9 @@ def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster
     assert c["start"] < a["end"]  # c (layer 1) did not wait for a (layer 0, 20 s): no barrier
     assert d["start"] >= a["end"] and d["start"] >= c["end"]  # d waited for both of its parents
     assert {n: log.count(node=n) for n in "abcd"} == dict.fromkeys("abcd", 1)
-    result = session_result(airflow, "e2e_unbalanced", run_id)
-    assert result is not None and result["status"] == "completed"
-    assert result["outputs"] == {"a": "slow", "b": "q", "c": "q", "d": "q"}
+    result = airflow.session_result("e2e_unbalanced", run_id)
+    assert result is not None and result.status == "completed"
+    assert result.outputs == {"a": "slow", "b": "q", "c": "q", "d": "q"}
     task_ids = {ti["task_id"] for ti in airflow.task_instances("e2e_unbalanced", run_id)}
     assert task_ids == {"plan", "nodes", "finalize"}
 
@@ -62,7 +61,7 @@ def test_a_cap_of_two_with_a_root_that_retries_twice_completes(cluster: tuple[Ai
     dag_id = "e2e_cap_2_retrying_root"
     run_id = airflow.trigger(dag_id, {"goal": "retrying root"})
     assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success"
-    states = node_states(airflow, dag_id, run_id)
+    states = airflow.node_states(dag_id, run_id)
     assert states == dict.fromkeys(["root", *(f"c{i}" for i in range(6)), "g0", "g1", "end"], "success")
     root = next(
         ti
@@ -72,8 +71,8 @@ def test_a_cap_of_two_with_a_root_that_retries_twice_completes(cluster: tuple[Ai
     assert root["try_number"] == 3
     log = CallLog(calls / dag_id)
     assert log.count("flaky") == 3 and log.count("quick") == 9
-    result = session_result(airflow, dag_id, run_id)
-    assert result is not None and (result["status"], result["reason"]) == ("completed", "goal_met")
+    result = airflow.session_result(dag_id, run_id)
+    assert result is not None and (result.status, result.reason) == ("completed", "goal_met")
 
 
 def test_ten_concurrent_runs_on_sqlite_do_not_lock_the_database(cluster: tuple[AirflowCluster, Path]) -> None:
@@ -83,9 +82,9 @@ def test_ten_concurrent_runs_on_sqlite_do_not_lock_the_database(cluster: tuple[A
     outcomes = {run_id: airflow.wait_for_run(dag_id, run_id, timeout=600) for run_id in run_ids}
     assert outcomes == dict.fromkeys(run_ids, "success")
     for run_id in run_ids:
-        result = session_result(airflow, dag_id, run_id)
-        assert result is not None and result["status"] == "completed", result
-        assert LOCKED not in str(result)
+        result = airflow.session_result(dag_id, run_id)
+        assert result is not None and result.status == "completed", result
+        assert LOCKED not in result.model_dump_json()
     locked = [
         f"{path.relative_to(airflow.log_dir)}: {line.strip()[:200]}"
         for path in sorted(airflow.log_dir.rglob("*.log"))
