@@ -1,65 +1,94 @@
-"""Shared helpers of the plan-DAG benchmarks (``seed_speedup``, ``barrier``, ``concurrent_runs``).
+"""Shared harness of the plan-DAG benchmarks: plans, DAG files, one cluster per database, run timings.
 
-Not a benchmark itself. It writes bench DAG files into a temporary dags folder, starts an
-:class:`AirflowCluster`, triggers runs through the REST API and reads their timings back:
+Not a benchmark itself. Each question (``unbalanced``, ``seed``, ``depth``, ``wide``) is a
+:class:`Question`: the DAG files it needs, how it measures, how it reports. :func:`main` starts one
+:class:`AirflowCluster` per database (SQLite file, or a fresh PostgreSQL database through
+:class:`PostgresDatabase`), writes every question's DAG files into one dags folder, runs the questions one
+after another and prints each question's table with the databases side by side.
 
-- run times come from the DAG run resource (``start_date`` → ``end_date``), never from our polling;
-- tool times come from a cross-process call log (``calls.jsonl``, the :class:`CallLog` format: one JSON
-  line per call start/end with ``time.time()``), written by the plan DAG's tools and by the static DAG's
-  tasks alike, so the two are measured the same way;
-- task times come from the task instances (``queued_when``, ``start_date``, ``end_date``).
+What is measured (wall-clock seconds, reported and never asserted):
 
-All figures are wall-clock seconds on a shared 2-core machine: report them, never assert on them.
+- **makespan**: first task instance start → last task instance end of the run (``start_date`` /
+  ``end_date`` of its task instances from the REST API; for the plan DAG that is the ``plan`` task's
+  start → ``finalize``'s end); **trigger → done**: our ``POST .../dagRuns`` → the run's ``end_date``;
+- tool calls: a cross-process call log (``calls.jsonl``) written by the plan DAG's ``work`` tool and by
+  the static DAG's tasks alike, so both are measured the same way;
+- slots: the periods a node task instance holds a worker slot, read from its own log file (a process
+  starts at ``::group::Pre Execute`` and gives the slot back when it ends or pauses as DEFERRED; the
+  task instance's ``start_date`` stays the first start across a deferral, so it cannot tell this).
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
+import os
+import random
 import shutil
 import statistics
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.postgres import PostgresDatabase
 
 Plan = dict[str, Any]
+DATABASES = ("sqlite", "postgresql")
+NODE_TASK = "nodes"  # the plan DAG's mapped task: one instance per node
+PLAN_TASK, FINALIZE_TASK = "plan", "finalize"
+WARM_PLAN, WARM_STATIC = "bench_warm_plan", "bench_warm_static"
+WARM_UP = {
+    "goal": "warm-up",
+    "nodes": [{"id": i, "action": "warm", "tool": "work", "params": {"seconds": 0.1}} for i in "12"],
+    "edges": [{"from": "1", "to": "2"}],
+}
 
 
-# ------------------------------------------------------------------------------------------ time
+# ------------------------------------------------------------------------------------------ small helpers
 
 
 def ts(value: str | None) -> float | None:
-    """An API timestamp (ISO 8601) as epoch seconds."""
+    """An API or log timestamp (ISO 8601) as epoch seconds."""
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def median(values: Iterable[float]) -> float:
-    return statistics.median(list(values))
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
 def load_note() -> str:
-    """The 1/5/15-minute load averages: other work shares the 2 cores."""
-    import os
-
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def peak_overlap(intervals: Iterable[tuple[float, float]]) -> int:
+    """The most intervals open at one moment (an end and a start at the same instant do not overlap)."""
+    points = sorted(p for start, end in intervals for p in ((start, 1), (end, -1)))
+    running = peak = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):
+        running += delta
+        peak = max(peak, running)
+    return peak
 
 
 # ------------------------------------------------------------------------------------------ plans
@@ -77,17 +106,11 @@ def parents_of(plan: Plan) -> dict[str, list[str]]:
 
 
 def layers_of(plan: Plan) -> list[list[str]]:
-    """Topological generations (the plan DAG's layers)."""
+    """Topological generations (a node's layer is its longest distance from a root)."""
     parents = parents_of(plan)
     depth: dict[str, int] = {}
-
-    def d(node: str) -> int:
-        if node not in depth:
-            depth[node] = 1 + max((d(p) for p in parents[node]), default=-1)
-        return depth[node]
-
-    for node in parents:
-        d(node)
+    for node in parents:  # plans below are generated in topological order
+        depth[node] = 1 + max((depth[p] for p in parents[node]), default=-1)
     out: list[list[str]] = [[] for _ in range(max(depth.values()) + 1)]
     for node in parents:
         out[depth[node]].append(node)
@@ -111,9 +134,50 @@ def critical_path(plan: Plan, seconds: Mapping[str, float]) -> tuple[float, list
     return finish[end], chain[::-1]
 
 
-def layered_bound(plan: Plan, seconds: Mapping[str, float]) -> float:
-    """Makespan with a barrier after each layer and zero overhead: sum over layers of the longest node."""
-    return sum(max(seconds[n] for n in layer) for layer in layers_of(plan))
+def random_layered_plan(
+    widths: Sequence[int], seconds: Callable[[random.Random], float], seed: int, goal: str
+) -> tuple[Plan, dict[str, float]]:
+    """Layers of the given widths (ids 1..N in topological order); every node outside layer 0 has one
+    parent in the layer just before (that fixes its layer) and up to two more in any earlier layer."""
+    rng = random.Random(seed)
+    layers: list[list[str]] = []
+    next_id = 1
+    for width in widths:
+        layers.append([str(next_id + i) for i in range(width)])
+        next_id += width
+    durations = {n: seconds(rng) for layer in layers for n in layer}
+    edges: list[dict[str, Any]] = []
+    for index, layer in enumerate(layers[1:], start=1):
+        earlier = [n for previous in layers[: index - 1] for n in previous]
+        for node in layer:
+            parents = {rng.choice(layers[index - 1])}
+            for _ in range(rng.randint(0, 2)):
+                if earlier:
+                    parents.add(rng.choice(earlier))
+            edges += [{"from": p, "to": node} for p in sorted(parents, key=int)]
+    nodes = [
+        {"id": n, "action": f"step {n} ({durations[n]:g} s)", "tool": "work", "params": {}} for n in durations
+    ]
+    plan = {"goal": goal, "nodes": nodes, "edges": edges}
+    assert layers_of(plan) == layers, "the generated edges must keep the intended layers"
+    return plan, durations
+
+
+def chain_plan(length: int, seconds: float) -> tuple[Plan, dict[str, float]]:
+    nodes = [
+        {"id": str(i), "action": f"link {i}", "tool": "work", "params": {}} for i in range(1, length + 1)
+    ]
+    edges = [{"from": str(i), "to": str(i + 1)} for i in range(1, length)]
+    return {"goal": f"a chain of {length}", "nodes": nodes, "edges": edges}, {n["id"]: seconds for n in nodes}
+
+
+def work_plan(plan: Plan, seconds: Mapping[str, float], scale: float = 1.0) -> Plan:
+    """``plan`` with every node calling ``work`` for its (scaled) seconds."""
+    nodes = [
+        {**n, "tool": "work", "params": {"seconds": round(seconds[n["id"]] * scale, 3)}}
+        for n in plan["nodes"]
+    ]
+    return {**plan, "nodes": nodes}
 
 
 # ------------------------------------------------------------------------------------------ DAG files
@@ -135,17 +199,15 @@ def _log(node, key, event):
 """
 
 
-def static_dag_source(
-    dag_id: str, plan: Plan, seconds: Mapping[str, float], calls: Path, **dag_kwargs: Any
-) -> str:
-    """An ordinary Airflow DAG with one PythonOperator per plan node (sleeping its seconds, times the
-    run conf's ``scale``) and the plan's edges as real task dependencies. Imports Airflow and the stdlib
-    only; logs each sleep to the same call log as the plan DAG's tools."""
-    kwargs = {"schedule": None, "catchup": False, "max_active_tasks": 64, "max_active_runs": 16, **dag_kwargs}
+def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], calls: Path, cap: int) -> str:
+    """An ordinary Airflow DAG with one PythonOperator per plan node (sleeping its seconds times the run
+    conf's ``scale``) and the plan's edges as task dependencies, ``max_active_tasks=cap``. Imports Airflow
+    and the stdlib only; logs each sleep to the same call log as the plan DAG's tools."""
+    kwargs = {"schedule": None, "catchup": False, "max_active_tasks": cap, "max_active_runs": 16}
     return (
         textwrap.dedent(
             f'''
-            """Bench: the plan as a static DAG ({len(plan["nodes"])} tasks)."""
+            """Bench: a plan written as a static DAG ({len(plan["nodes"])} tasks)."""
             from airflow.sdk import DAG
             from airflow.providers.standard.operators.python import PythonOperator
             '''
@@ -177,31 +239,22 @@ def static_dag_source(
     )
 
 
-def noop_dag_source(dag_id: str) -> str:
-    """One task that does nothing: the fixed cost of an Airflow run (start, one task, end)."""
-    return textwrap.dedent(
-        f'''
-        """Bench: one empty task."""
-        from airflow.sdk import DAG
-        from airflow.providers.standard.operators.python import PythonOperator
-
-        with DAG({dag_id!r}, schedule=None, catchup=False) as dag:
-            PythonOperator(task_id="noop", python_callable=lambda: None)
-        '''
-    )
-
-
-def work_plan_dag_source(dag_id: str, calls_folder: Path, **build_kwargs: Any) -> str:
-    """A plan DAG whose plan comes from the run's conf (``plan``); its one tool ``work(seconds)`` sleeps
-    and logs the call to ``calls_folder`` through :class:`CallLog`. ``build_kwargs`` are written as their
-    ``repr`` (settings objects such as ``Limits()`` included)."""
+def plan_dag_source(
+    dag_id: str, calls_folder: Path, cap: int, max_nodes: int = 200, pool: str | None = None, **dag: Any
+) -> str:
+    """A plan DAG with the provider's defaults but for the caps, which are those of the static DAG
+    (``max_active_nodes`` and ``max_active_tasks`` = ``cap``), ``max_nodes`` (also the step budget),
+    ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
+    ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
+    execution = f"max_active_nodes={cap}, pool={pool!r}"
+    execution += ', mode="nodes"'  # DEV-ONLY until barrier-free is the default
+    limits = f"max_nodes={max_nodes}, max_depth={max_nodes}"  # DEV-ONLY max_depth
     return textwrap.dedent(
         f'''
         """Bench: a plan DAG running the plan given in the run's conf."""
-        import datetime
         import time
 
-        from airflow_plan_provider import ArtifactStore, Budgets, Limits, NodeExecution, build_plan_dag
+        from airflow_plan_provider import Budgets, Limits, NodeExecution, build_plan_dag
         from airflow_plan_provider.testing.scripted import CallLog
         from airflow_plan_provider.tools.registry import ToolRegistry
 
@@ -216,27 +269,73 @@ def work_plan_dag_source(dag_id: str, calls_folder: Path, **build_kwargs: Any) -
             return {{"node": ctx.node_id, "slept": seconds}}
 
 
-        dag = build_plan_dag({dag_id!r}, planner=None, tools=registry, **{build_kwargs!r})
+        dag = build_plan_dag(
+            {dag_id!r},
+            planner=None,
+            tools=registry,
+            limits=Limits({limits}),
+            budgets=Budgets(max_steps={max_nodes}),
+            execution=NodeExecution({execution}),
+            max_active_tasks={cap},
+            **{dag!r},
+        )
         '''
     )
 
 
-def work_plan(plan: Plan, seconds: Mapping[str, float], scale: float = 1.0) -> Plan:
-    """``plan`` with every node calling ``work`` for its (scaled) seconds."""
-    nodes = [
-        {**n, "tool": "work", "params": {"seconds": round(seconds[n["id"]] * scale, 3)}}
-        for n in plan["nodes"]
-    ]
-    return {**plan, "nodes": nodes}
+# ------------------------------------------------------------------------------------------ runs
 
 
-# ------------------------------------------------------------------------------------------ cluster
+@dataclass
+class Run:
+    """One finished DAG run: its timings (epoch seconds) and its task instances."""
+
+    dag_id: str
+    run_id: str
+    state: str
+    trigger: float
+    run_end: float
+    tis: list[dict[str, Any]]
+    tools: dict[str, tuple[float, float]]  # node id → tool call (start, end)
+    first_start: float = 0.0
+    last_end: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ran = [ti for ti in self.tis if ti.get("start") is not None and ti.get("end") is not None]
+        self.first_start = min(ti["start"] for ti in ran)
+        self.last_end = max(ti["end"] for ti in ran)
+
+    @property
+    def makespan(self) -> float:
+        return self.last_end - self.first_start
+
+    @property
+    def trigger_to_done(self) -> float:
+        return self.run_end - self.trigger
+
+    def ti(self, task_id: str) -> dict[str, Any] | None:
+        return next((t for t in self.tis if t["task_id"] == task_id), None)
+
+    def node_tis(self) -> dict[str, dict[str, Any]]:
+        """node id → its task instance (plan DAG: ``nodes[i]`` labelled ``id · action``; static DAG:
+        ``n<id>``)."""
+        out = {}
+        for ti in self.tis:
+            if ti["task_id"] == NODE_TASK:
+                out[(ti.get("rendered_map_index") or "").split(" · ")[0]] = ti
+            elif ti["task_id"].startswith("n") and ti["task_id"][1:] in self.tools:
+                out[ti["task_id"][1:]] = ti
+        return out
 
 
 class Bench:
-    """A temporary dags folder + call log, and (once started) the cluster running them."""
+    """A temporary dags folder and call log, and (once started) the cluster running them on ``database``."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, database: str = "sqlite") -> None:
+        if database not in DATABASES:
+            raise ValueError(f"database must be one of {DATABASES}, not {database!r}")
+        self.database = database
         self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         atexit.register(shutil.rmtree, self.root, ignore_errors=True)
         self.dags = self.root / "dags"
@@ -245,243 +344,399 @@ class Bench:
         self.calls_folder.mkdir()
         self.calls = self.calls_folder / "calls.jsonl"
         self.cluster: AirflowCluster | None = None
+        self._stack = ExitStack()
 
     def write_dag(self, dag_id: str, source: str) -> None:
         (self.dags / f"{dag_id}.py").write_text(source)
 
-    def start(
-        self, *, parallelism: int = 8, env: Mapping[str, str] | None = None, dag_ids: Sequence[str]
-    ) -> AirflowCluster:
+    def start(self, *, parallelism: int, dag_ids: Sequence[str]) -> AirflowCluster:
         t0 = time.monotonic()
-        env = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), **(env or {})}
-        self.cluster = AirflowCluster(self.dags, env=env, parallelism=parallelism, startup_timeout=180)
-        self.cluster.__enter__()
+        url = None
+        if self.database == "postgresql":
+            url = self._stack.enter_context(PostgresDatabase(prefix="plan_bench")).url
+        env = {"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism)}
+        self.cluster = self._stack.enter_context(
+            AirflowCluster(self.dags, env=env, parallelism=parallelism, startup_timeout=180, database_url=url)
+        )
         for dag_id in dag_ids:
-            self.cluster.wait_for_dag(dag_id, timeout=180)
+            self.cluster.wait_for_dag(dag_id, timeout=240)
             self.cluster.unpause(dag_id)
-        log(f"cluster up with {len(dag_ids)} DAGs in {time.monotonic() - t0:.0f}s ({self.cluster.home})")
+        log(f"{self.database}: cluster up with {len(dag_ids)} DAGs in {time.monotonic() - t0:.0f}s")
         return self.cluster
 
     def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
+        self._stack.close()
+        self.cluster = None
 
-    # ---- runs
-
-    def run(self, dag_id: str, conf: Mapping[str, Any] | None = None, timeout: float = 600) -> dict[str, Any]:
-        """Trigger, wait, and return the run's timings (epoch seconds) and state."""
+    def run(self, dag_id: str, conf: Mapping[str, Any] | None = None, timeout: float = 1200) -> Run:
+        """Trigger, wait for the end, and read the run back (task instances, tool calls)."""
         assert self.cluster is not None
         t_trigger = time.time()
         run_id = self.cluster.trigger(dag_id, conf or {})
         state = self.cluster.wait_for_run(dag_id, run_id, timeout=timeout, poll=0.25)
-        return self.run_info(dag_id, run_id, t_trigger, state)
+        return self.collect(dag_id, run_id, t_trigger, state)
 
-    def run_info(
-        self, dag_id: str, run_id: str, t_trigger: float, state: str | None = None
-    ) -> dict[str, Any]:
+    def collect(self, dag_id: str, run_id: str, t_trigger: float, state: str) -> Run:
+        """A finished run read back: its task instances (REST API) and tool calls (call log)."""
         assert self.cluster is not None
         run = self.cluster.get_run(dag_id, run_id)
-        start, end = ts(run["start_date"]), ts(run["end_date"])
-        assert start is not None and end is not None, run
-        return {
-            "dag_id": dag_id,
-            "run_id": run_id,
-            "state": state or run["state"],
-            "trigger": t_trigger,
-            "queued": ts(run.get("queued_at")),
-            "start": start,
-            "end": end,
-            "makespan": end - start,
-            "trigger_to_end": end - t_trigger,
-        }
-
-    # ---- call log
-
-    def calls_of(self, run_id: str | None = None) -> list[dict[str, Any]]:
-        if not self.calls.exists():
-            return []
-        entries = [json.loads(line) for line in self.calls.read_text().splitlines() if line.strip()]
-        return [e for e in entries if run_id is None or f"/{run_id}/" in e["key"]]
+        tis = [
+            {
+                **ti,
+                "queued": ts(ti.get("queued_when")),
+                "start": ts(ti.get("start_date")),
+                "end": ts(ti.get("end_date")),
+            }
+            for ti in self.cluster.task_instances(dag_id, run_id)
+            if ti.get("queued_when")  # skipped without running (e.g. replan) has none
+        ]
+        end = ts(run["end_date"])
+        assert end is not None, run
+        result = Run(dag_id, run_id, state, t_trigger, end, tis, self.tool_spans(run_id))
+        if state != "success":
+            log(f"{dag_id} {run_id} ended {state}:\n{self.cluster.diagnostics()}")
+        return result
 
     def tool_spans(self, run_id: str) -> dict[str, tuple[float, float]]:
-        """node id → (tool start, tool end) for one run."""
         spans: dict[str, list[float]] = {}
-        for e in self.calls_of(run_id):
-            spans.setdefault(e["node"], [0.0, 0.0])[0 if e["event"] == "start" else 1] = e["t"]
+        if self.calls.exists():
+            for line in self.calls.read_text().splitlines():
+                entry = json.loads(line)
+                if f"/{run_id}/" in entry["key"]:
+                    spans.setdefault(entry["node"], [0.0, 0.0])[0 if entry["event"] == "start" else 1] = (
+                        entry["t"]
+                    )
         return {n: (s, e) for n, (s, e) in spans.items()}
 
-    # ---- where the time goes
-
-    def log_marks(
-        self, info: Mapping[str, Any], task_id: str, map_index: int, try_number: int
-    ) -> dict[str, float]:
-        """Epoch times read from a task's own log file: first line (the process is up), DAG parsed,
-        execute begins (end of the pre-execute group), post-execute begins."""
+    def process_segments(self, run: Run, ti: Mapping[str, Any]) -> list[tuple[float, float]]:
+        """The periods the task instance held a worker slot: one per task process (a deferral ends one,
+        a resume starts the next), from its log file; the first starts at the TI's ``start_date``, the
+        last ends at its ``end_date``."""
         assert self.cluster is not None
         path = (
             self.cluster.log_dir
-            / f"dag_id={info['dag_id']}"
-            / f"run_id={info['run_id']}"
-            / f"task_id={task_id}"
+            / f"dag_id={run.dag_id}"
+            / f"run_id={run.run_id}"
+            / f"task_id={ti['task_id']}"
         )
-        if map_index >= 0:
-            path = path / f"map_index={map_index}"
-        path = path / f"attempt={try_number}.log"
-        marks: dict[str, float] = {}
+        if ti["map_index"] >= 0:
+            path = path / f"map_index={ti['map_index']}"
+        path = path / f"attempt={ti.get('try_number') or 1}.log"
+        starts, pauses = [], []
         try:
             lines = path.read_text().splitlines()
         except OSError:
-            return marks
+            lines = []
         for line in lines:
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
-            event, at = str(entry.get("event", "")), ts(entry.get("timestamp"))
+            at, event = ts(entry.get("timestamp")), str(entry.get("event", ""))
             if at is None:
                 continue
-            marks.setdefault("log_first", at)
-            if event == "Worker startup parse complete":
-                marks.setdefault("log_parsed", at)
-            elif event == "::endgroup::" and "log_parsed" in marks:
-                marks.setdefault("log_exec", at)
-            elif event == "::group::Post Execute":
-                marks.setdefault("log_post", at)
-        return marks
-
-    def task_times(self, info: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Every task instance of a run with queued/start/end and its tool span, relative to run start."""
-        assert self.cluster is not None
-        spans = self.tool_spans(info["run_id"])
-        t0 = info["start"]
-        rows = []
-        for ti in self.cluster.task_instances(info["dag_id"], info["run_id"]):
-            label = ti.get("rendered_map_index") or ""
-            node = label.split(" · ")[0] if ti["map_index"] >= 0 else None
-            if ti["task_id"].startswith("n") and ti["task_id"][1:] in spans:
-                node = ti["task_id"][1:]
-            span = spans.get(node) if node else None
-
-            def rel(v: float | None) -> float | None:
-                return None if v is None else v - t0
-
-            marks = self.log_marks(info, ti["task_id"], ti["map_index"], ti.get("try_number") or 1)
-            rows.append(
-                {
-                    **{k: rel(v) for k, v in marks.items()},
-                    "task": ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else ""),
-                    "task_id": ti["task_id"],
-                    "node": node,
-                    "state": ti["state"],
-                    "scheduled": rel(ts(ti.get("scheduled_when"))),
-                    "queued": rel(ts(ti.get("queued_when"))),
-                    "start": rel(ts(ti.get("start_date"))),
-                    "tool_start": rel(span[0]) if span else None,
-                    "tool_end": rel(span[1]) if span else None,
-                    "end": rel(ts(ti.get("end_date"))),
-                }
-            )
-        rows.sort(key=lambda r: (r["start"] if r["start"] is not None else 1e9, r["task"]))
-        return rows
+            if event == "::group::Pre Execute":
+                starts.append(at)
+            elif event.startswith("Pausing task as DEFERRED"):
+                pauses.append(at)
+        if not starts:
+            return [(ti["start"], ti["end"])]
+        starts[0] = min(starts[0], ti["start"])
+        ends = [*pauses[: len(starts) - 1], ti["end"]]
+        return list(zip(starts, ends, strict=True))
 
 
-def print_task_table(rows: Sequence[Mapping[str, Any]], run_end: float, title: str) -> None:
-    """Per task: times relative to the run's start (s), and the pieces of its own duration:
-    q>start (queued → TI start_date: executor pick-up), launch (start_date → the task process's first log
-    line), parse (DAG file parse in the task process), prep (parse → execute: unmapping, template and
-    map-index rendering, API round trips), exec (execute → tool start, or → post-execute for tasks without
-    a tool: XCom pulls, checks), tool, post (tool end or post-execute → TI end_date)."""
-    print(f"\n{title}")
-    print(
-        f"  {'task':<18}{'node':>5} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6} {'end':>6}"
-        f" | {'q>start':>7} {'launch':>6} {'parse':>6} {'prep':>5} {'exec':>5} {'tool':>5} {'post':>5}"
-    )
-    for r in rows:
-
-        def d(a: str, b: str, r: Mapping[str, Any] = r) -> str:
-            return fmt(r[b] - r[a], 2) if r.get(a) is not None and r.get(b) is not None else "-"
-
-        exec_end = "tool_start" if r["tool_start"] is not None else "log_post"
-        post_from = "tool_end" if r["tool_end"] is not None else "log_post"
-        print(
-            f"  {r['task']:<18}{r['node'] or '':>5} {fmt(r['queued']):>7} {fmt(r['start']):>6}"
-            f" {fmt(r['tool_start']):>6} {fmt(r['tool_end']):>6} {fmt(r['end']):>6}"
-            f" | {d('queued', 'start'):>7} {d('start', 'log_first'):>6} {d('log_first', 'log_parsed'):>6}"
-            f" {d('log_parsed', 'log_exec'):>5} {d('log_exec', exec_end):>5} {d('tool_start', 'tool_end'):>5}"
-            f" {d(post_from, 'end'):>5}"
-        )
-    last = max(r["end"] for r in rows if r["end"] is not None)
-    print(f"  run end {fmt(run_end)} s after run start; {fmt(run_end - last)} s after the last task ended")
+# ------------------------------------------------------------------------------------------ analysis
 
 
-def piece_medians(rows: Sequence[Mapping[str, Any]], task_prefix: str) -> dict[str, float]:
-    """Median of each piece of the tasks whose id starts with ``task_prefix``."""
-    pieces = {
-        "q>start": ("queued", "start"),
-        "launch": ("start", "log_first"),
-        "parse": ("log_first", "log_parsed"),
-        "prep": ("log_parsed", "log_exec"),
-        "exec": ("log_exec", "tool_start"),
-        "post": ("tool_end", "end"),
-    }
-    out = {}
-    for name, (a, b) in pieces.items():
-        values = [
-            r[b] - r[a]
-            for r in rows
-            if r["task_id"].startswith(task_prefix) and r.get(a) is not None and r.get(b) is not None
-        ]
-        if values:
-            out[name] = median(values)
-    return out
+def handoffs(bench: Bench, run: Run, plan: Plan) -> list[dict[str, Any]]:
+    """For every node with parents: its last parent to finish, and where the time between that parent's
+    tool end and this node's tool start went.
 
-
-def stage_table(
-    rows: Sequence[Mapping[str, Any]],
-    run_end: float,
-    stages: Sequence[tuple[str, Sequence[str]]],
-    title: str,
-) -> list[dict[str, Any]]:
-    """The chain of stages (task ids, mapped instances grouped): when each became ready (its upstream
-    stage ended), was queued, started, ran its tools, ended; the gaps are the scheduling hops."""
-    by_task: dict[str, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        by_task.setdefault(r["task_id"], []).append(r)
-    print(f"\n{title}")
-    print(
-        f"  {'stage':<16}{'n':>3} {'ready':>6} {'queued':>7} {'start':>6} {'tool+':>6} {'tool-':>6}"
-        f" {'end':>6} | {'hop':>5} {'launch':>6} {'to tool':>7} {'tools':>6} {'after':>6} {'stage':>6}"
-    )
-    ready = 0.0
+    - ``post``: parent tool end → parent task instance end (record push, task end);
+    - ``pickup``: parent task end → child tool start;
+    - ``kind``: ``in slot`` when the child's task process was already running when the parent ended
+      (it noticed by polling), ``started`` when a process started after the parent ended (a fresh
+      start, or a resume from deferral);
+    - for ``started``: ``hop`` parent end → child queued (scheduler, or triggerer + scheduler), ``start``
+      queued → process start, ``to_tool`` process start → tool start (process start-up, DAG parse, reads).
+    """
+    tis = run.node_tis()
     out = []
-    for task_id, members in stages:
-        group = [r for m in members for r in by_task.get(m, []) if r["start"] is not None]
-        if not group:
+    for node, parents in parents_of(plan).items():
+        if not parents or node not in run.tools:
             continue
-        queued = min(r["queued"] for r in group if r["queued"] is not None)
-        start = min(r["start"] for r in group)
-        end = max(r["end"] for r in group)
-        tool_starts = [r["tool_start"] for r in group if r["tool_start"] is not None]
-        tool_ends = [r["tool_end"] for r in group if r["tool_end"] is not None]
-        t_s = min(tool_starts) if tool_starts else None
-        t_e = max(tool_ends) if tool_ends else None
-        row = {
-            "hop": queued - ready,
-            "launch": start - queued,
-            "to_tool": (t_s - start) if t_s is not None else None,
-            "tools": (t_e - t_s) if t_s is not None and t_e is not None else None,
-            "after": (end - t_e) if t_e is not None else None,
-            "stage": end - ready,
-        }
-        print(
-            f"  {task_id:<16}{len(group):>3} {fmt(ready):>6} {fmt(queued):>7} {fmt(start):>6}"
-            f" {fmt(t_s):>6} {fmt(t_e):>6} {fmt(end):>6} | {fmt(row['hop']):>5} {fmt(row['launch']):>6}"
-            f" {fmt(row['to_tool']):>7}"
-            f" {fmt(row['tools']):>6} {fmt(row['after']):>6} {fmt(row['stage']):>6}"
+        last = max(parents, key=lambda p: run.tools[p][1])
+        parent_ti, child_ti = tis[last], tis[node]
+        tool_end, tool_start = run.tools[last][1], run.tools[node][0]
+        parent_end = parent_ti["end"]
+        segment = next(
+            (s for s in bench.process_segments(run, child_ti) if s[0] <= tool_start <= s[1]),
+            (child_ti["start"], child_ti["end"]),
         )
-        out.append({"task": task_id, **row})  # type: ignore[dict-item]
-        ready = end
-    blank = f"{'':>7} {'':>6} {'':>6} {'':>6}"
-    print(f"  {'run end':<16}{'':>3} {fmt(ready):>6} {blank} {fmt(run_end):>6} | {fmt(run_end - ready):>5}")
+        row = {
+            "node": node,
+            "parent": last,
+            "total": tool_start - tool_end,
+            "post": parent_end - tool_end,
+            "pickup": tool_start - parent_end,
+            "kind": "in slot" if segment[0] < parent_end else "started",
+        }
+        if row["kind"] == "started":
+            queued = child_ti["queued"] if child_ti["queued"] is not None else segment[0]
+            row |= {
+                "hop": queued - parent_end,
+                "start": segment[0] - queued,
+                "to_tool": tool_start - segment[0],
+            }
+        out.append(row)
     return out
+
+
+def handoff_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians of the hand-off pieces, overall and per kind, with counts."""
+    out: dict[str, Any] = {"n": len(rows)}
+    for key in ("total", "post", "pickup"):
+        out[key] = median(r[key] for r in rows)
+    for kind in ("in slot", "started"):
+        group = [r for r in rows if r["kind"] == kind]
+        out[f"{kind} n"] = len(group)
+        out[f"{kind} pickup"] = median(r["pickup"] for r in group)
+        for key in ("hop", "start", "to_tool"):
+            if kind == "started":
+                out[f"started {key}"] = median(r[key] for r in group)
+    return out
+
+
+def phases(run: Run) -> dict[str, float]:
+    """Where a run's makespan goes: before the first tool, the tools' span, after the last tool; for the
+    plan DAG also the plan task and the finalize hop."""
+    first_tool = min(s for s, _ in run.tools.values())
+    last_tool = max(e for _, e in run.tools.values())
+    out = {
+        "to first tool": first_tool - run.first_start,
+        "tools span": last_tool - first_tool,
+        "after last tool": run.last_end - last_tool,
+    }
+    plan, finalize = run.ti(PLAN_TASK), run.ti(FINALIZE_TASK)
+    if plan is not None:
+        out["plan task"] = plan["end"] - plan["start"]
+        out["plan end → first tool"] = first_tool - plan["end"]
+    if finalize is not None:
+        node_end = max(t["end"] for t in run.node_tis().values())
+        out["last node end → finalize end"] = finalize["end"] - node_end
+    return out
+
+
+def slot_peak(bench: Bench, run: Run) -> tuple[int, int]:
+    """(peak node slots held at once, number of task process starts) of a plan-DAG run's node tasks."""
+    segments = [s for ti in run.node_tis().values() for s in bench.process_segments(run, ti)]
+    return peak_overlap(segments), len(segments)
+
+
+def tool_peak(run: Run) -> int:
+    return peak_overlap(run.tools.values())
+
+
+# ------------------------------------------------------------------------------------------ questions
+
+
+class Question:
+    """One benchmark question: DAG files, measurement in a running cluster, report per database."""
+
+    name = ""
+
+    def dags(self, bench: Bench, cap: int) -> dict[str, str]:
+        """dag id → DAG file source."""
+        raise NotImplementedError
+
+    def measure(self, bench: Bench, repeat: int) -> dict[str, Any]:
+        """Run the question's DAGs on the running cluster; returns figures (JSON-able)."""
+        raise NotImplementedError
+
+    def report(self, results: Mapping[str, Mapping[str, Any]]) -> None:
+        """Print the figures of each database (``results[database]``) side by side."""
+        raise NotImplementedError
+
+
+def repeat_runs(
+    bench: Bench, repeat: int, runs: Sequence[tuple[str, str, Mapping[str, Any]]]
+) -> dict[str, list[Run]]:
+    """``repeat`` rounds of the given (label, dag id, conf) runs, one at a time in that order."""
+    out: dict[str, list[Run]] = {label: [] for label, _, _ in runs}
+    for round_ in range(1, repeat + 1):
+        for label, dag_id, conf in runs:
+            run = bench.run(dag_id, conf)
+            out[label].append(run)
+            log(
+                f"{bench.database} round {round_} {label}: {run.state}, makespan {run.makespan:.1f}s, "
+                f"trigger→done {run.trigger_to_done:.1f}s"
+            )
+            if run.state != "success":
+                raise RuntimeError(f"{label} run {run.run_id} ended {run.state}")
+    return out
+
+
+def median_run(runs: Sequence[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.makespan)[len(runs) // 2]
+
+
+def run_figures(runs: Sequence[Run]) -> dict[str, Any]:
+    return {
+        "makespan": median(r.makespan for r in runs),
+        "trigger_to_done": median(r.trigger_to_done for r in runs),
+        "raw": [round(r.makespan, 1) for r in runs],
+    }
+
+
+def main(questions: Sequence[Question], description: str, argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--db", nargs="+", choices=DATABASES, default=list(DATABASES), help="metadata databases"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per figure (medians are printed)")
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=16,
+        help="LocalExecutor parallelism, every DAG's max_active_tasks and the plan DAG's max_active_nodes",
+    )
+    parser.add_argument("--json", type=Path, help="write the figures to this file after every question")
+    parser.add_argument("--report", type=Path, help="print the tables of a --json file; run nothing")
+    for question in questions:
+        add = getattr(question, "add_arguments", None)
+        if add:
+            add(parser)
+    args = parser.parse_args(argv)
+    for question in questions:
+        configure = getattr(question, "configure", None)
+        if configure:
+            configure(args)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        report(questions, saved["results"], saved["header"])
+        return 0
+    results: dict[str, dict[str, Any]] = {q.name: {} for q in questions}
+    header = [
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}; LocalExecutor, parallelism {args.cap}, every DAG"
+        f" max_active_tasks {args.cap}, plan DAG max_active_nodes {args.cap}; medians of {args.repeat}"
+    ]
+    for database in args.db:
+        bench = Bench("plan-bench", database)
+        before = load_note()
+        dags = {
+            WARM_PLAN: plan_dag_source(WARM_PLAN, bench.calls_folder, args.cap),
+            WARM_STATIC: static_dag_source(WARM_STATIC, WARM_UP, {"1": 0.1, "2": 0.1}, bench.calls, args.cap),
+        }
+        for question in questions:
+            dags |= question.dags(bench, args.cap)
+        for dag_id, source in dags.items():
+            bench.write_dag(dag_id, source)
+        try:
+            bench.start(parallelism=args.cap, dag_ids=list(dags))
+            # one unmeasured run of each kind: first task starts import and cache what the rest reuse
+            repeat_runs(
+                bench,
+                1,
+                [("warm-up plan", WARM_PLAN, {"plan": WARM_UP}), ("warm-up static", WARM_STATIC, {})],
+            )
+            for question in questions:
+                t0 = time.monotonic()
+                try:
+                    results[question.name][database] = question.measure(bench, args.repeat)
+                except Exception as error:  # a failed or stuck run: report it, go on with the next question
+                    log(f"{database}: {question.name} failed: {error!r}")
+                    results[question.name][database] = {"error": repr(error)[:500]}
+                log(f"{database}: {question.name} measured in {time.monotonic() - t0:.0f}s")
+                if args.json:
+                    args.json.write_text(json.dumps({"results": results, "header": header}, default=str))
+        finally:
+            bench.stop()
+        header.append(f"{database}: {before} before, {load_note()} after")
+        if args.json:
+            args.json.write_text(json.dumps({"results": results, "header": header}, default=str))
+    report(questions, results, header)
+    return 0 if not any("error" in r for q in results.values() for r in q.values()) else 1
+
+
+def report(questions: Sequence[Question], results: Mapping[str, Any], header: Sequence[str]) -> None:
+    print("\n" + "\n  ".join(header))
+    for question in questions:
+        measured = {db: r for db, r in results.get(question.name, {}).items() if "error" not in r}
+        for db, r in results.get(question.name, {}).items():
+            if "error" in r:
+                print(f"\n{question.name} on {db}: not measured: {r['error']}")
+        if measured:
+            question.report(measured)
+
+
+# ------------------------------------------------------------------------------------------ plan vs static
+
+
+def breakdown(bench: Bench, run: Run, plan: Plan) -> dict[str, Any]:
+    """Where the median run's time went (phases, hand-offs; slots for the plan DAG)."""
+    out: dict[str, Any] = {"phases": phases(run), "handoffs": handoff_summary(handoffs(bench, run, plan))}
+    if run.ti(PLAN_TASK) is not None:
+        out["slot peak"], out["processes"] = slot_peak(bench, run)
+    out["tool peak"] = tool_peak(run)
+    return out
+
+
+def compare(
+    bench: Bench,
+    repeat: int,
+    dags: tuple[str, str],
+    plan: Plan,
+    seconds: Mapping[str, float],
+    scale: float = 1.0,
+) -> dict[str, Any]:
+    """``repeat`` rounds of (plan DAG, static DAG) on ``plan``; medians, and the median runs' breakdown."""
+    plan_dag, static_dag = dags
+    runs = repeat_runs(
+        bench,
+        repeat,
+        [
+            ("plan", plan_dag, {"goal": plan["goal"], "plan": work_plan(plan, seconds, scale)}),
+            ("static", static_dag, {"scale": scale}),
+        ],
+    )
+    cp, _ = critical_path(plan, seconds)
+    out: dict[str, Any] = {"cp": cp * scale}
+    for kind, group in runs.items():
+        out[kind] = run_figures(group) | breakdown(bench, median_run(group), plan)
+    return out
+
+
+def print_breakdown(figures: Mapping[str, Any], indent: str = "    ") -> None:
+    """The plan and static median runs' breakdown, side by side."""
+    plan, static = figures["plan"], figures["static"]
+    names = list(dict.fromkeys([*plan["phases"], *static["phases"]]))
+    print(f"{indent}{'makespan phases, s':<34}{'plan':>8}{'static':>8}")
+    for name in names:
+        print(
+            f"{indent}  {name:<32}{fmt(plan['phases'].get(name), 2):>8}"
+            f"{fmt(static['phases'].get(name), 2):>8}"
+        )
+    print(f"{indent}{'hand-offs (parent tool end → child tool start), median s':<58}")
+    for key, label in (
+        ("n", "edges measured (last parent per node)"),
+        ("total", "parent tool end → child tool start"),
+        ("post", "  parent tool end → parent task end"),
+        ("pickup", "  parent task end → child tool start"),
+        ("in slot n", "child already running (polling): count"),
+        ("in slot pickup", "  its pickup"),
+        ("started n", "child process started after: count"),
+        ("started pickup", "  its pickup"),
+        ("started hop", "    parent end → child queued"),
+        ("started start", "    queued → process start"),
+        ("started to_tool", "    process start → tool start"),
+    ):
+        p, s = plan["handoffs"].get(key), static["handoffs"].get(key)
+        digits = 0 if key.endswith(" n") or key == "n" else 2
+        print(f"{indent}  {label:<46}{fmt(p, digits):>8}{fmt(s, digits):>8}")
+    if "slot peak" in plan:
+        print(
+            f"{indent}plan DAG node slots: peak held {plan['slot peak']}, task processes {plan['processes']}"
+            f" (starts + resumes); peak concurrent tool calls plan {plan['tool peak']},"
+            f" static {static['tool peak']}"
+        )

@@ -2,19 +2,19 @@
 
 Each run executes the same 20-node plan (4 layers of 5; node i of layer k needs nodes i and i+1 of
 layer k-1; every tool call sleeps 1 s). The plan DAG is built with ``pool="bench_pool"`` (created through
-``POST /api/v2/pools`` with 8 slots) so the node tasks of every run share 8 slots; planning, select and
-finalize tasks use the default pool. LocalExecutor ``parallelism`` is 16 so that the pool, not the
-executor, is the binding limit on node tasks. The 20 runs are triggered back to back and the script waits
-for all of them.
+``POST /api/v2/pools`` with 8 slots, deferred instances not counted) so the node instances of every run
+share 8 slots; the plan and finalize tasks use the default pool. LocalExecutor ``parallelism`` is 16 (and
+``max_active_nodes`` 16) so that the pool, not the executor, is the binding limit on node tasks. The 20
+runs are triggered back to back and the script waits for all of them.
 
-Printed: throughput in nodes per minute over the window from the first run's start to the last run's
-end, the ideal for 8 slots (400 node-seconds / 8 = 50 s), pool utilisation (tool-seconds / (8 x window)),
-per-run makespans, and the peak number of tool calls running at once (``CallLog.max_concurrency()``,
-must be ≤ 8).
+Printed: throughput in nodes per minute over the window from the first task start to the last task end,
+the ideal for 8 slots (400 node-seconds / 8 = 50 s), pool utilisation (tool-seconds / (8 x window)),
+per-run makespans, and the peak number of node task processes (from their logs: a deferred instance
+holds no slot) and of tool calls running at once (must be ≤ 8).
 
 Run::
 
-    .venv/bin/python bench/concurrent_runs.py [--runs 20] [--slots 8] [--sleep 1]
+    .venv/bin/python bench/concurrent_runs.py [--runs 20] [--slots 8] [--sleep 1] [--db sqlite]
 """
 
 from __future__ import annotations
@@ -24,13 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_plan_provider import Limits, NodeExecution
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _planbench import Bench, load_note, log, median, ts, work_plan, work_plan_dag_source
-
-from airflow_plan_provider.testing.scripted import CallLog
+from _planbench import (
+    DATABASES,
+    Bench,
+    load_note,
+    log,
+    median,
+    peak_overlap,
+    plan_dag_source,
+    work_plan,
+)
 
 DAG_ID = "bench_concurrent_plan"
 POOL = "bench_pool"
@@ -55,22 +60,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--sleep", type=float, default=1.0)
+    parser.add_argument("--db", choices=DATABASES, default="sqlite", help="metadata database")
     args = parser.parse_args()
 
     plan = make_plan()
     n_nodes = len(plan["nodes"])
     seconds = {n["id"]: args.sleep for n in plan["nodes"]}
-    bench = Bench("bench-concurrent")
+    bench = Bench("bench-concurrent", args.db)
     load_before = load_note()
     bench.write_dag(
-        DAG_ID,
-        work_plan_dag_source(
-            DAG_ID,
-            bench.calls_folder,
-            limits=Limits(),
-            execution=NodeExecution(pool=POOL),
-            max_active_runs=args.runs,
-        ),
+        DAG_ID, plan_dag_source(DAG_ID, bench.calls_folder, PARALLELISM, pool=POOL, max_active_runs=args.runs)
     )
     try:
         cluster = bench.start(parallelism=PARALLELISM, dag_ids=[DAG_ID])
@@ -85,53 +84,45 @@ def main() -> int:
         for _ in range(args.runs):
             triggered.append((cluster.trigger(DAG_ID, conf), time.time()))
         log(f"triggered {args.runs} runs in {time.time() - t_first:.1f}s")
-        infos = []
+        runs = []
         for run_id, t_trigger in triggered:
             state = cluster.wait_for_run(DAG_ID, run_id, timeout=900, poll=1.0)
-            infos.append(bench.run_info(DAG_ID, run_id, t_trigger, state))
+            runs.append(bench.collect(DAG_ID, run_id, t_trigger, state))
         log(f"all runs ended {time.time() - t_first:.0f}s after the first trigger")
-        states = [i["state"] for i in infos]
-        tis = [ti for i in infos for ti in cluster.task_instances(DAG_ID, i["run_id"])]
+        # slots a node task holds: one period per task process (a deferral gives the slot back)
+        segments = [
+            s for run in runs for ti in run.node_tis().values() for s in bench.process_segments(run, ti)
+        ]
         pool = cluster.api("GET", f"/pools/{POOL}")
     finally:
         bench.stop()
 
-    calls = CallLog(bench.calls_folder)
-    entries = bench.calls_of()
-    starts = [e["t"] for e in entries if e["event"] == "start"]
-    ends = [e["t"] for e in entries if e["event"] == "end"]
-    tool_seconds = sum(ends) - sum(starts)
-    peak = calls.max_concurrency()
-    first_start = min(i["start"] for i in infos)
-    last_end = max(i["end"] for i in infos)
+    tools = [span for run in runs for span in run.tools.values()]
+    tool_seconds = sum(end - start for start, end in tools)
+    states = [run.state for run in runs]
+    first_start = min(run.first_start for run in runs)
+    last_end = max(run.last_end for run in runs)
     window = last_end - first_start
     total_nodes = n_nodes * args.runs
     ideal = total_nodes * args.sleep / args.slots
-    makespans = sorted(i["makespan"] for i in infos)
-    # Pool slots are taken from queued to end; how much of that the tool call used.
-    node_tis = [
-        t for t in tis if t["task_id"].startswith("layer_") and t.get("queued_when") and t.get("end_date")
-    ]
-    held = sum(ts(t["end_date"]) - ts(t["queued_when"]) for t in node_tis)  # type: ignore[operator]
-    in_process = sum(ts(t["end_date"]) - ts(t["start_date"]) for t in node_tis)  # type: ignore[operator]
-    executed = [t for t in tis if t["state"] == "success"]
-    other = [t for t in executed if not t["task_id"].startswith("layer_")]
+    makespans = sorted(run.makespan for run in runs)
+    held = sum(end - start for start, end in segments)
+    node_tis = [ti for run in runs for ti in run.node_tis().values()]
 
     print(
         f"\nConcurrent runs: {args.runs} plan runs x {n_nodes} nodes ({LAYERS} layers of {WIDTH},"
-        " tools sleep "
-        f"{args.sleep:g} s), pool {POOL} with {args.slots} slots, parallelism {PARALLELISM}; "
-        f"{time.strftime('%Y-%m-%d')}, 2-core machine"
+        f" tools sleep {args.sleep:g} s), pool {POOL} with {args.slots} slots, parallelism {PARALLELISM},"
+        f" {args.db}; {time.strftime('%Y-%m-%d %H:%M %Z')}"
     )
     print(f"before: {load_before}; after: {load_note()}")
     print(
         f"run states: {', '.join(f'{s} x {states.count(s)}' for s in sorted(set(states)))}; "
-        f"task instances: {len(tis)} ({len(executed)} executed: {len(node_tis)} node tasks, "
-        f"{len(other)} plan/select/finalize); pool as read back: {pool['slots']} slots\n"
+        f"node task instances: {len(node_tis)}, task processes (starts + resumes) {len(segments)};"
+        f" pool as read back: {pool['slots']} slots\n"
     )
-    print(f"  {'nodes executed (tool calls)':<46}{len(starts):>8}   (expected {total_nodes})")
-    print(f"  {'window: first run start → last run end':<46}{window:>8.1f} s")
-    print(f"  {'first trigger → last run end':<46}{last_end - t_first:>8.1f} s")
+    print(f"  {'nodes executed (tool calls)':<46}{len(tools):>8}   (expected {total_nodes})")
+    print(f"  {'window: first task start → last task end':<46}{window:>8.1f} s")
+    print(f"  {'first trigger → last task end':<46}{last_end - t_first:>8.1f} s")
     print(f"  {'throughput':<46}{total_nodes / window * 60:>8.1f} nodes/min")
     print(
         f"  {'ideal with ' + str(args.slots) + ' slots (node-s / slots)':<46}{ideal:>8.1f} s  = "
@@ -145,19 +136,15 @@ def main() -> int:
         f" / {makespans[-1]:.1f} s"
     )
     print(
-        f"  {'pool slot-s held by node tasks (queued → end)':<46}{held:>8.1f} s"
-        "   of which task process running "
-        f"{in_process:.1f} s, tool calls {tool_seconds:.1f} s ({tool_seconds / held:.0%})"
+        f"  {'slot-s held by node task processes':<46}{held:>8.1f} s   of which tool calls"
+        f" {tool_seconds:.1f} s ({tool_seconds / held:.0%}); per node {held / len(node_tis):.2f} s"
     )
+    peak_slots, peak_tools = peak_overlap(segments), peak_overlap(tools)
     print(
-        f"  {'per node task: slot held / process / tool':<46}{held / len(node_tis):>8.2f}"
-        f" / {in_process / len(node_tis):.2f} / {tool_seconds / len(node_tis):.2f} s"
+        f"  {'peak node task processes / tool calls at once':<46}{peak_slots:>8} / {peak_tools}"
+        f"   pool limit {args.slots}: {'held' if peak_slots <= args.slots else 'EXCEEDED'}"
     )
-    print(
-        f"  {'peak concurrent tool calls (max_concurrency)':<46}{peak:>8}   limit {args.slots}: "
-        f"{'held' if peak <= args.slots else 'EXCEEDED'}"
-    )
-    return 0 if all(s == "success" for s in states) and peak <= args.slots else 1
+    return 0 if all(s == "success" for s in states) and peak_slots <= args.slots else 1
 
 
 if __name__ == "__main__":
