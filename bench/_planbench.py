@@ -409,41 +409,40 @@ class Bench:
         return {n: (s, e) for n, (s, e) in spans.items()}
 
     def process_segments(self, run: Run, ti: Mapping[str, Any]) -> list[tuple[float, float]]:
-        """The periods the task instance held a worker slot: one per task process (a deferral ends one,
-        a resume starts the next), from its log file; the first starts at the TI's ``start_date``, the
-        last ends at its ``end_date``."""
+        """The periods the task instance held a worker slot, one per task process, from its log files
+        (every attempt): a process's first line is ``::group::Pre Execute``, its last is the last line
+        before the next process's first (after it deferred, rescheduled itself or failed); the last
+        process ends at the task instance's ``end_date``."""
         assert self.cluster is not None
-        path = (
+        folder = (
             self.cluster.log_dir
             / f"dag_id={run.dag_id}"
             / f"run_id={run.run_id}"
             / f"task_id={ti['task_id']}"
         )
         if ti["map_index"] >= 0:
-            path = path / f"map_index={ti['map_index']}"
-        path = path / f"attempt={ti.get('try_number') or 1}.log"
-        starts, pauses = [], []
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            lines = []
-        for line in lines:
+            folder = folder / f"map_index={ti['map_index']}"
+        segments: list[list[float]] = []
+        for attempt in range(1, (ti.get("try_number") or 1) + 1):
             try:
-                entry = json.loads(line)
-            except ValueError:
+                lines = (folder / f"attempt={attempt}.log").read_text().splitlines()
+            except OSError:
                 continue
-            at, event = ts(entry.get("timestamp")), str(entry.get("event", ""))
-            if at is None:
-                continue
-            if event == "::group::Pre Execute":
-                starts.append(at)
-            elif event.startswith("Pausing task as DEFERRED"):
-                pauses.append(at)
-        if not starts:
+            for line in lines:
+                try:
+                    entry = json.loads(line)
+                    at = ts(entry.get("timestamp"))
+                except (ValueError, AttributeError):
+                    continue
+                if at is None:
+                    continue
+                if entry.get("event") == "::group::Pre Execute" or not segments:
+                    segments.append([at, at])
+                segments[-1][1] = at
+        if not segments:
             return [(ti["start"], ti["end"])]
-        starts[0] = min(starts[0], ti["start"])
-        ends = [*pauses[: len(starts) - 1], ti["end"]]
-        return list(zip(starts, ends, strict=True))
+        segments[-1][1] = max(segments[-1][1], ti["end"])
+        return [(start, end) for start, end in segments]
 
 
 # ------------------------------------------------------------------------------------------ analysis
