@@ -247,8 +247,7 @@ def plan_dag_source(
     ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
     execution = f"max_active_nodes={cap}, pool={pool!r}"
-    execution += ', mode="nodes"'  # DEV-ONLY until barrier-free is the default
-    limits = f"max_nodes={max_nodes}, max_depth={max_nodes}"  # DEV-ONLY max_depth
+    limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''
         """Bench: a plan DAG running the plan given in the run's conf."""
