@@ -6,13 +6,18 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
-from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
+from airflow_plan_provider.exceptions import (
+    PermanentToolError,
+    ReplanRequested,
+    TransientToolError,
+    TriggerEventError,
+)
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     NODE_KEY,
@@ -40,7 +45,10 @@ from airflow_plan_provider.triggers.parents import (
     parent_states,
     parents_wait,
 )
-from airflow_plan_provider.triggers.payloads import validate_parents_event
+from airflow_plan_provider.triggers.payloads import JobOutcome, validate_job_event, validate_parents_event
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
@@ -165,14 +173,15 @@ class PlanNodeOperator(BaseOperator):
         self.artifact_threshold = artifact_threshold
         self.resolved_params: Any = None
 
-    def _start(self, context: Any) -> NodeRun:
+    def _start(self, context: Context) -> NodeRun:
         ti = context["ti"]
         plan = pull_plan(ti)
         if plan is None:
             raise AirflowFailException("no plan was published by the planning task")
         run_context = pull_run_context(ti)
         node = plan.node(self.plan_node)
-        context[NODE_LABEL] = node_label(node.id, node.action)
+        # not one of Airflow's context keys: the task's map_index_template reads it
+        cast(dict[str, Any], context)[NODE_LABEL] = node_label(node.id, node.action)
         start = {
             "node_id": node.id,
             "revision": run_context.revision,
@@ -184,7 +193,7 @@ class PlanNodeOperator(BaseOperator):
         }
         return NodeRun(ti, plan, node, run_context, start, self.log)
 
-    def execute(self, context: Any) -> None:
+    def execute(self, context: Context) -> None:
         run = self._start(context)
         ti, plan, node, run_ctx = run.ti, run.plan, run.node, run.run_context
         self._await_parents(run, context)  # a parent still running has no record yet
@@ -304,7 +313,7 @@ class PlanNodeOperator(BaseOperator):
 
     def _log_params(self, node_id: str, params: Any) -> None:
         """Log the resolved params (secrets masked) and keep them as the templated ``resolved_params``."""
-        from airflow.sdk.log import redact
+        from airflow.sdk._shared.secrets_masker import redact
 
         shown = redact(params)
         self.resolved_params = shown
@@ -322,7 +331,7 @@ class PlanNodeOperator(BaseOperator):
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
-    def _await_parents(self, run: NodeRun, context: Any) -> None:
+    def _await_parents(self, run: NodeRun, context: Context) -> None:
         """Return once every parent's task instance has finished. Until then poll their states (one
         request per poll, backing off from ``POLL_FIRST`` to ``POLL_MAX`` seconds) while they run, for
         at most ``slot_wait`` seconds; then defer to the triggerer, or make way for a parent that needs
@@ -370,10 +379,13 @@ class PlanNodeOperator(BaseOperator):
                 method_name="resume_after_parents",
             )
 
-    def resume_after_parents(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
+    def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
-        look at the parents again."""
-        validate_parents_event(event)
+        look at the parents again. An event the trigger cannot have sent fails the node, naming the fault."""
+        try:
+            validate_parents_event(event)
+        except TriggerEventError as error:
+            raise self._start(context).fail(str(error)) from error
         self.execute(context)
 
     def _succeed(self, run: NodeRun, key: str, output: Any, **fields: Any) -> None:
@@ -460,24 +472,32 @@ class PlanNodeOperator(BaseOperator):
             timeout=timedelta(seconds=timeout * 2) if timeout else None,
         )
 
-    def resume_after_job(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> None:
+    def resume_after_job(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
+        """Resumed by :class:`~airflow_plan_provider.triggers.job.ToolJobTrigger`: record the job's result,
+        or fail the node with its reason. An event the trigger cannot have sent (none, an unknown status,
+        a done event without its result) fails the node too, naming the fault."""
         run = self._start(context)
         ti = run.ti
         polling = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
         run.missing = list(polling.get("missing", []))
         run.started = polling.get("started")
         run.events = [Event.model_validate(e) for e in polling.get("events", [])]
-        event = event or {}
-        outcome = event.get("status", "lost")
+        try:
+            job = validate_job_event(event)
+        except TriggerEventError as error:
+            job = JobOutcome("failed", reason=str(error))
+            outcome = "malformed"
+        else:
+            outcome = job.status
         polling = {**polling, "until": now(), "outcome": outcome}
         for internal in ("missing", "started", "events"):
             polling.pop(internal, None)
-        if outcome != "done":
-            reason = f"job {outcome}: {event.get('reason', 'no event from the trigger')}"
+        if job.status != "done":
+            reason = job.reason if outcome == "malformed" else f"job {job.status}: {job.reason}"
             self.log.error("node %s failed after %s s: %s", run.node.id, run.duration(), reason)
             run.push(NodeStatus.FAILED, error=reason, polling=polling)
             raise AirflowFailException(f"node {run.node.id}: {reason}")
-        self._succeed(run, run.key(), event.get("result"), polling=polling)
+        self._succeed(run, run.key(), job.result, polling=polling)
 
 
 def _hostname(ti: Any) -> str:
