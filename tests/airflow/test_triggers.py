@@ -362,3 +362,42 @@ def test_approval_task_fails_at_once_on_an_event_the_hitl_trigger_cannot_send(ev
     operator = PlanApprovalOperator(task_id="approve")
     with pytest.raises(AirflowFailException, match=r"task 'approve': the .*approval trigger"):
         operator.execute_complete({}, event)  # type: ignore[typeddict-item]
+
+
+@pytest.mark.airflow
+def test_node_fails_with_the_fault_when_its_job_event_is_malformed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A done event without its result (as a trigger of another version might send) fails the node; it
+    does not succeed with no output."""
+    from datetime import timedelta
+
+    from airflow.triggers.base import TriggerEvent
+
+    from airflow_plan_provider import NodeExecution
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import xcom
+
+    async def run_without_result(self: ToolJobTrigger) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent({"status": "done"})
+
+    monkeypatch.setattr(ToolJobTrigger, "run", run_without_result)
+    tool = ScriptedTool(
+        "export", log=CallLog(tmp_path), returns={"rows": 1}, job_seconds=1, poll_interval=0.1
+    )
+    plan = {"nodes": [{"id": "1", "action": "export", "tool": "export"}]}
+    dag = build_plan_dag(
+        "job_event_without_result",
+        planner=ScriptedPlanner(plan),
+        tools=scripted_registry(tool),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(0)),
+        replan=False,
+    )
+    run = run_plan_dag(dag, {"goal": "g"})
+    assert str(run.state) == "failed"
+    record = xcom(run, "nodes", key="node", map_index=0)
+    assert record["status"] == "failed" and record["output"] is None
+    assert record["error"] == "the done event from the job trigger has no result"
+    assert record["polling"]["outcome"] == "malformed"
