@@ -54,7 +54,12 @@ NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 POLL_FIRST, POLL_MAX, POLL_GROWTH = 0.2, 2.0, 1.5  # seconds between polls of the parents' states
-MAKE_WAY_FIRST, MAKE_WAY_MAX = 1.0, 15.0  # seconds a node that made way waits before it looks again
+# Seconds a node that made way waits before it looks again. Not less than 5: Airflow (3.3) fails a
+# rescheduled instance that is queued again before the executor's report of its previous exit reaches
+# the scheduler ("finished with state success, but the task instance's state attribute is queued",
+# apache/airflow#71172): that report comes about 1-2 s after the exit, later under load, and a failure
+# there costs the node one of its retries, or the node itself when it has none.
+MAKE_WAY_FIRST, MAKE_WAY_MAX = 5.0, 20.0
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 

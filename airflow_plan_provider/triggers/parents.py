@@ -10,8 +10,9 @@ of the parents' states and how long it has waited in its slot):
 - ``DEFER``: the parents have their slots but are slow (the in-slot bound passed, a parent stays
   queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
-  needs a slot, so give this one back (the node reschedules itself) and look again after a short
-  delay.
+  needs a slot, so give this one back (the node reschedules itself) and look again after a delay (5 s
+  at first: a shorter one races Airflow's report of the rescheduled try, see
+  ``operators/node.py``).
 
 Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pools, the DAG's
 ``max_active_tasks``, the executor's parallelism) and however parents retry:
