@@ -53,7 +53,11 @@ if TYPE_CHECKING:
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
-POLL_FIRST, POLL_MAX, POLL_GROWTH = 0.2, 2.0, 1.5  # seconds between polls of the parents' states
+# Seconds between polls of the parents' states while they run: a parent's result is picked up on
+# average half a poll after its task finished, on every edge, so the pause stays short (a read of a few
+# task states, ~5 ms of the API server's time); the in-slot bound (slot_wait) caps how many polls one
+# node makes.
+POLL_FIRST, POLL_MAX, POLL_GROWTH = 0.2, 0.5, 1.25
 # Seconds a node that made way waits before it looks again. Not less than 5: Airflow (3.3) fails a
 # rescheduled instance that is queued again before the executor's report of its previous exit reaches
 # the scheduler ("finished with state success, but the task instance's state attribute is queued",

@@ -111,7 +111,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         dag_id: str,
         run_id: str,
         parents: Mapping[str, list[int]],
-        poll_interval: float = 1.0,
+        poll_interval: float = 0.5,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id

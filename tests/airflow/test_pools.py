@@ -200,7 +200,7 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
         "dag_id": "d",
         "run_id": "r",
         "parents": {"nodes": [0], f"nodes__{API}": [1]},
-        "poll_interval": 1.0,
+        "poll_interval": 0.5,
     }
     states = {"r": {"nodes_0": "success", f"nodes__{API}_1": "running", "nodes_1": "failed"}}
     assert parent_states(states, "r", trigger.parents) == ["success", "running"]
