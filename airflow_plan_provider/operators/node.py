@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -40,10 +41,12 @@ from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.parents import (
+    POLL_NEAR,
     ParentsFinishedTrigger,
     ParentsWait,
     parent_states,
     parents_wait,
+    poll_pause,
 )
 from airflow_plan_provider.triggers.payloads import JobOutcome, validate_job_event, validate_parents_event
 
@@ -53,11 +56,6 @@ if TYPE_CHECKING:
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
-# Seconds between polls of the parents' states while they run: a parent's result is picked up on
-# average half a poll after its task finished, on every edge, so the pause stays short (a read of a few
-# task states, ~5 ms of the API server's time); the in-slot bound (slot_wait) caps how many polls one
-# node makes.
-POLL_FIRST, POLL_MAX, POLL_GROWTH = 0.2, 0.5, 1.25
 # Seconds a node that made way waits before it looks again. Not less than 5: Airflow (3.3) fails a
 # rescheduled instance that is queued again before the executor's report of its previous exit reaches
 # the scheduler ("finished with state success, but the task instance's state attribute is queued",
@@ -341,34 +339,40 @@ class PlanNodeOperator(BaseOperator):
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
     def _await_parents(self, run: NodeRun, context: Context) -> None:
-        """Return once every parent's task instance has finished. Until then poll their states (one
-        request per poll, backing off from ``POLL_FIRST`` to ``POLL_MAX`` seconds) while they run, for
-        at most ``slot_wait`` seconds; then defer to the triggerer, or make way for a parent that needs
-        a slot (reschedule this instance), as :func:`~airflow_plan_provider.triggers.parents.parents_wait`
-        decides."""
-        parent_ids = run.plan.parents[run.node.id]
+        """Return once every parent's task instance has finished. Until then poll their states while
+        they run (one request per poll, paced by :func:`~airflow_plan_provider.triggers.parents.poll_pause`
+        from the grandparents' states, read in the same request), for at most ``slot_wait`` seconds; then
+        defer to the triggerer, or make way for a parent that needs a slot (reschedule this instance), as
+        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides."""
+        plan = run.plan
+        parent_ids = plan.parents[run.node.id]
         if not parent_ids:
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
         ti = run.ti
-        where = locations(run.plan, run.run_context, parent_ids)
-        tasks = {task_id_in(ti, task): indexes for task, indexes in where.items()}
+
+        def where(node_ids: Iterable[str]) -> dict[str, list[int]]:
+            return {
+                task_id_in(ti, task): indexes
+                for task, indexes in locations(plan, run.run_context, node_ids).items()
+            }
+
+        tasks = where(parent_ids)
+        grandparents = where(sorted({node for parent in parent_ids for node in plan.parents[parent]}))
         began = time.monotonic()
-        pause = POLL_FIRST
         while True:
             found = RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=sorted(tasks), run_ids=[ti.run_id]
+                dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
             )
             waited = time.monotonic() - began
             decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
             if decision is ParentsWait.READY:
-                if waited >= POLL_FIRST:
+                if waited >= POLL_NEAR:
                     self.log.info("node %s: parents finished after %.1f s in its slot", run.node.id, waited)
                 return
             if decision is ParentsWait.WAIT:
-                time.sleep(pause)
-                pause = min(pause * POLL_GROWTH, POLL_MAX)
+                time.sleep(poll_pause(parent_states(found, ti.run_id, grandparents)))
                 continue
             if decision is ParentsWait.MAKE_WAY:
                 made_way = min(int(context.get("task_reschedule_count") or 0), 8)

@@ -57,6 +57,27 @@ STARTED = frozenset({"running", "queued", "deferred"})
 QUEUED_GRACE = 10.0
 
 
+#: seconds between two polls of the parents' states by a waiting node whose parents are all running
+#: their tools (every grandparent finished): any of them may finish at any moment
+POLL_NEAR = 0.2
+#: ... and by one whose parents still wait on their own parents: they cannot finish before those do
+POLL_FAR = 1.0
+
+
+def poll_pause(grandparent_states: Iterable[str | None]) -> float:
+    """Seconds a node waiting in its slot pauses before it polls its parents' states again, given the
+    states of its parents' parents. The pickup latency, about half a pause, is paid on every edge, so
+    the node that will run next polls often; the nodes further down poll seldom, which keeps the API
+    server's load to a few requests per second per run however many nodes wait.
+
+    >>> poll_pause(["success", "skipped"])
+    0.2
+    >>> poll_pause(["success", "running"])
+    1.0
+    """
+    return POLL_NEAR if all(state in FINISHED for state in grandparent_states) else POLL_FAR
+
+
 class ParentsWait(StrEnum):
     READY = PARENTS_READY
     WAIT = "wait"

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_plan_provider.triggers.parents import QUEUED_GRACE, ParentsWait, parent_states, parents_wait
+from airflow_plan_provider.triggers.parents import (
+    POLL_FAR,
+    POLL_NEAR,
+    QUEUED_GRACE,
+    ParentsWait,
+    parent_states,
+    parents_wait,
+    poll_pause,
+)
 
 SLOT_WAIT = 30.0
 
@@ -63,3 +71,12 @@ def test_parent_states_reads_mapped_instances_of_several_tasks() -> None:
     parents = {"nodes": [0, 3, 5], "nodes__api": [1]}
     assert parent_states(found, "r", parents) == ["success", "running", None, "scheduled"]
     assert decide(*parent_states(found, "r", parents)) is ParentsWait.MAKE_WAY
+
+
+def test_the_next_node_to_run_polls_often_the_ones_further_down_seldom() -> None:
+    """Pacing by the grandparents: parents whose own parents all finished are running their tools."""
+    assert POLL_NEAR < POLL_FAR
+    assert poll_pause([]) == POLL_NEAR  # the parents are roots
+    assert poll_pause(["success", "failed", "skipped", "upstream_failed", "removed"]) == POLL_NEAR
+    for unfinished in (None, "scheduled", "queued", "running", "deferred", "up_for_retry"):
+        assert poll_pause(["success", unfinished]) == POLL_FAR, unfinished
