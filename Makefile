@@ -25,6 +25,7 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider tests dags bench scripts
+	$(VENV)/bin/ruff format --check airflow_plan_provider tests dags bench scripts
 	$(VENV)/bin/mypy airflow_plan_provider
 
 bench: $(VENV)/.installed

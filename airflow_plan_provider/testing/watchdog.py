@@ -71,5 +71,6 @@ def watch(parent: int, home: str | None) -> int:
         return 1
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(watch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
