@@ -372,7 +372,13 @@ class PlanNodeOperator(BaseOperator):
                     self.log.info("node %s: parents finished after %.1f s in its slot", run.node.id, waited)
                 return
             if decision is ParentsWait.WAIT:
-                time.sleep(poll_pause(parent_states(found, ti.run_id, grandparents)))
+                run_states = found.get(ti.run_id, {})
+                pause = poll_pause(
+                    parent_states(found, ti.run_id, grandparents),
+                    rows=len(run_states),
+                    pollers=sum(state == "running" for state in run_states.values()),
+                )
+                time.sleep(pause)
                 continue
             if decision is ParentsWait.MAKE_WAY:
                 made_way = min(int(context.get("task_reschedule_count") or 0), 8)

@@ -62,20 +62,30 @@ QUEUED_GRACE = 10.0
 POLL_NEAR = 0.2
 #: ... and by one whose parents still wait on their own parents: they cannot finish before those do
 POLL_FAR = 1.0
+#: task states per second that the waiting nodes of one run read together, at most (each poll returns
+#: the state of every instance of the parents' tasks, so a plan of 500 nodes costs 500 rows a poll)
+STATE_ROWS_PER_SECOND = 5000.0
 
 
-def poll_pause(grandparent_states: Iterable[str | None]) -> float:
+def poll_pause(grandparent_states: Iterable[str | None], *, rows: int = 0, pollers: int = 0) -> float:
     """Seconds a node waiting in its slot pauses before it polls its parents' states again, given the
-    states of its parents' parents. The pickup latency, about half a pause, is paid on every edge, so
-    the node that will run next polls often; the nodes further down poll seldom, which keeps the API
-    server's load to a few requests per second per run however many nodes wait.
+    states of its parents' parents, the number of task states one poll returned (``rows``) and how
+    many instances of the run are running (``pollers``, at most that many poll).
+
+    The pickup latency, about half a pause, is paid on every edge, so the node that will run next
+    polls often; the nodes further down poll seldom. Together the run's pollers read at most
+    :data:`STATE_ROWS_PER_SECOND` task states a second, whatever the plan's size, so a large plan
+    cannot swamp the API server that also serves its tasks' starts and results.
 
     >>> poll_pause(["success", "skipped"])
     0.2
     >>> poll_pause(["success", "running"])
     1.0
+    >>> poll_pause(["success"], rows=500, pollers=16)
+    1.6
     """
-    return POLL_NEAR if all(state in FINISHED for state in grandparent_states) else POLL_FAR
+    pause = POLL_NEAR if all(state in FINISHED for state in grandparent_states) else POLL_FAR
+    return max(pause, rows * pollers / STATE_ROWS_PER_SECOND)
 
 
 class ParentsWait(StrEnum):

@@ -8,6 +8,7 @@ from airflow_plan_provider.triggers.parents import (
     POLL_FAR,
     POLL_NEAR,
     QUEUED_GRACE,
+    STATE_ROWS_PER_SECOND,
     ParentsWait,
     parent_states,
     parents_wait,
@@ -80,3 +81,13 @@ def test_the_next_node_to_run_polls_often_the_ones_further_down_seldom() -> None
     assert poll_pause(["success", "failed", "skipped", "upstream_failed", "removed"]) == POLL_NEAR
     for unfinished in (None, "scheduled", "queued", "running", "deferred", "up_for_retry"):
         assert poll_pause(["success", unfinished]) == POLL_FAR, unfinished
+
+
+def test_a_large_plan_polls_less_often_so_the_run_reads_a_bounded_number_of_states() -> None:
+    """Each poll returns every instance's state: 16 pollers of a 500-node plan must slow down, those of a
+    60-node plan need not; the far pause is never shortened."""
+    assert poll_pause(["success"], rows=60, pollers=16) == POLL_NEAR
+    slow = poll_pause(["success"], rows=500, pollers=16)
+    assert slow > POLL_NEAR
+    assert 16 * 500 / slow == pytest.approx(STATE_ROWS_PER_SECOND)
+    assert poll_pause(["running"], rows=60, pollers=16) == POLL_FAR
