@@ -41,6 +41,7 @@ from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.parents import (
+    POLL_FAR,
     POLL_NEAR,
     ParentsFinishedTrigger,
     ParentsWait,
@@ -62,6 +63,9 @@ PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 # apache/airflow#71172): that report comes about 1-2 s after the exit, later under load, and a failure
 # there costs the node one of its retries, or the node itself when it has none.
 MAKE_WAY_FIRST, MAKE_WAY_MAX = 5.0, 20.0
+# The most nodes a plan may have for its waiting nodes to read every instance's state in one request (a
+# 500-node plan's reads took 11 s each on PostgreSQL and stalled the run; one instance's took 30 ms).
+READ_ALL_STATES_UP_TO = 100
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 
@@ -343,7 +347,12 @@ class PlanNodeOperator(BaseOperator):
         they run (one request per poll, paced by :func:`~airflow_plan_provider.triggers.parents.poll_pause`
         from the grandparents' states, read in the same request), for at most ``slot_wait`` seconds; then
         defer to the triggerer, or make way for a parent that needs a slot (reschedule this instance), as
-        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides."""
+        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides.
+
+        A request returns every instance of the tasks asked for, and Airflow's API server loads each as
+        a full task-instance row: in a plan of more than :data:`READ_ALL_STATES_UP_TO` nodes the node
+        reads its parents' instances one by one instead (one small request each) and polls every
+        ``POLL_FAR`` seconds."""
         plan = run.plan
         parent_ids = plan.parents[run.node.id]
         if not parent_ids:
@@ -360,17 +369,30 @@ class PlanNodeOperator(BaseOperator):
 
         tasks = where(parent_ids)
         grandparents = where(sorted({node for parent in parent_ids for node in plan.parents[parent]}))
+        one_by_one = len(plan.nodes) > READ_ALL_STATES_UP_TO
         began = time.monotonic()
         while True:
-            found = RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
-            )
+            if one_by_one:
+                found: dict[str, Any] = {ti.run_id: {}}
+                for task, indexes in tasks.items():
+                    for index in indexes:
+                        state = RuntimeTaskInstance.get_task_states(
+                            dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index
+                        )
+                        found[ti.run_id].update(state.get(ti.run_id, {}))
+            else:
+                found = RuntimeTaskInstance.get_task_states(
+                    dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
+                )
             waited = time.monotonic() - began
             decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
             if decision is ParentsWait.READY:
                 if waited >= POLL_NEAR:
                     self.log.info("node %s: parents finished after %.1f s in its slot", run.node.id, waited)
                 return
+            if decision is ParentsWait.WAIT and one_by_one:
+                time.sleep(POLL_FAR)  # the grandparents were not read
+                continue
             if decision is ParentsWait.WAIT:
                 run_states = found.get(ti.run_id, {})
                 pause = poll_pause(
