@@ -4,8 +4,9 @@ Where a node runs is decided in one place, :func:`node_tasks`: the node tasks of
 each one maps, in map-index order. Nodes run in the mapped task ``nodes``, except nodes whose tool
 declares an Airflow pool: Airflow gives every instance of a mapped task the task's pool, so those run in
 a lane of their own, ``nodes__<lane>``, built with that pool. In every task the map-index order is the
-plan's topological (layer) order: among instances of equal priority weight Airflow's scheduler hands
-out slots in map-index order, so a node's parents in its task get slots before it. The planning task
+plan's run order (topological: layer by layer, more descendants first within a layer): among instances
+of equal priority weight Airflow's scheduler hands out slots in map-index order, so a node's parents in
+its task get slots before it, and among the nodes of a layer those that hold up most of the plan. The planning task
 records each pooled node's lane in the run's context (``RunContext.lanes``); every reader — the tasks
 that return a lane's node ids to map over, the nodes reading their parents' records, finalize — locates
 nodes through :func:`node_location` / :func:`node_tasks` with that context.
@@ -101,12 +102,12 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     """Node task id → the node ids it maps, in map-index order: where every node of the run runs.
 
     ``nodes`` holds the nodes of the default lane, ``nodes__<lane>`` those of a pool's lane, each in the
-    plan's layer order (a parent before its children). A task with no node is absent.
+    plan's run order (:attr:`~airflow_plan_provider.plan.model.ValidatedPlan.run_order`: a parent before
+    its children). A task with no node is absent.
     """
     tasks: dict[str, list[str]] = {}
-    for layer in plan.layers:
-        for node in layer:
-            tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
+    for node in plan.run_order:
+        tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
     return tasks
 
 

@@ -68,7 +68,7 @@ ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 
 class PlanOperator(BaseOperator):
     """Plan (or replan) and validate; push the plan and session state; return the node ids the first
-    default lane's node task ``nodes`` maps (in the plan's layer order).
+    default lane's node task ``nodes`` maps (in the plan's run order).
 
     The run's conf (or the DAG's Params) gives ``goal``, optionally a ready ``plan`` (the planner is then
     skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``goal`` and ``session``

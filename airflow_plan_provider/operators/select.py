@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class LaneSelectOperator(BaseOperator):
     """Return the node ids the node task ``node_task`` (``nodes__<pool>``) maps in this run, in the
-    plan's layer order (see ``layout.node_tasks``); empty when the plan has no node in that lane.
+    plan's run order (see ``layout.node_tasks``); empty when the plan has no node in that lane.
 
     Airflow expands a mapped task over another task's return value only, so each pool lane maps over a
     task of its own. Skips itself (so its node task is skipped) when planning failed, or when the DAG

@@ -30,6 +30,35 @@ def topological_layers(parents: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return layers
 
 
+def descendant_counts(layers: list[list[str]], parents: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Node → how many nodes descend from it, given the plan's layers (one pass from the last layer up,
+    each node's descendants kept as the bits of an int).
+
+    >>> descendant_counts([["a", "b"], ["c"], ["d"]], {"a": [], "b": [], "c": ["a"], "d": ["c", "a"]})
+    {'a': 2, 'b': 0, 'c': 1, 'd': 0}
+    """
+    order = [node for layer in layers for node in layer]
+    bit = {node: 1 << index for index, node in enumerate(order)}
+    below = dict.fromkeys(order, 0)
+    for node in reversed(order):
+        for parent in parents.get(node, ()):
+            below[parent] |= below[node] | bit[node]
+    return {node: below[node].bit_count() for node in order}
+
+
+def run_order(layers: list[list[str]], parents: Mapping[str, Iterable[str]]) -> list[str]:
+    """The nodes in the order they are handed slots: layer by layer (a parent before its children), and
+    within a layer the nodes with more descendants first, then in the layer's own order. A hand-written
+    Airflow DAG ranks its ready tasks the same way (the default ``downstream`` weight rule: one plus the
+    number of tasks downstream), so the node that holds up most of the plan runs first.
+
+    >>> run_order([["a", "b"], ["c", "d"], ["e"]], {"a": [], "b": [], "c": ["a"], "d": ["b"], "e": ["d"]})
+    ['b', 'a', 'd', 'c', 'e']
+    """
+    counts = descendant_counts(layers, parents)
+    return [node for layer in layers for node in sorted(layer, key=lambda node: -counts[node])]
+
+
 def find_cycle(parents: Mapping[str, Iterable[str]]) -> list[str] | None:
     """A cycle (first node repeated at the end) or None.
 

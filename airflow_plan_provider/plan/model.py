@@ -10,9 +10,12 @@ Nodes may instead list their parents in ``dependencies``; those become hard edge
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from airflow_plan_provider.plan.graph import run_order
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 
@@ -98,6 +101,12 @@ class ValidatedPlan(Plan):
 
     def is_optional(self, parent: str, child: str) -> bool:
         return (parent, child) in set(map(tuple, self.soft_edges))
+
+    @cached_property
+    def run_order(self) -> list[str]:
+        """Every node in the order its task instances get slots (:func:`~.graph.run_order`): the map
+        indexes of the node tasks, and the order a step budget counts."""
+        return run_order(self.layers, self.parents)
 
     def layer_of(self, node_id: str) -> int:
         for index, layer in enumerate(self.layers):

@@ -213,7 +213,7 @@ def record_plan(
         _add(new, "plan.diff", **diff.model_dump(), attempts=attempts, **details)
     new.current_plan = plan.as_plan().to_json_dict()
     new.lanes = dict(lanes or {})
-    new.execution_order = [n for layer in plan.layers for n in layer if n not in state.locked]
+    new.execution_order = [n for n in plan.run_order if n not in state.locked]
     _add(
         new,
         "plan.validated",

@@ -48,7 +48,7 @@ MIXED_PLAN = {
         },
     ],
 }
-EXPECTED_TASKS = {  # each lane's nodes in the plan's layer order
+EXPECTED_TASKS = {  # each lane's nodes in the plan's run order
     "nodes": ["b", "e", "g"],
     f"nodes__{API}": ["a", "c", "f"],
     f"nodes__{HEAVY_LANE}": ["d"],
@@ -137,8 +137,9 @@ def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it
         for index, node in enumerate(nodes):
             assert node_location(plan, state, node) == (task_id, index)
     assert locations(plan, state, ["e", "a", "c", "f"]) == {"nodes": [1], f"nodes__{API}": [0, 1, 2]}
-    # without lanes, every node is in ``nodes``, in layer order: a parent's map index is below its child's
-    assert node_tasks(plan, RunContext()) == {"nodes": ["a", "b", "c", "d", "e", "f", "g"]}
+    # without lanes, every node is in ``nodes``, in run order: a parent's map index is below its child's,
+    # and in a layer the node with more descendants comes first (b: e, f and g; a: e and g)
+    assert node_tasks(plan, RunContext()) == {"nodes": ["b", "a", "c", "d", "e", "f", "g"]}
     assert node_location(plan, RunContext(), "f") == ("nodes", 5)
 
 
