@@ -6,8 +6,9 @@ declares an Airflow pool: Airflow gives every instance of a mapped task the task
 a lane of their own, ``nodes__<lane>``, built with that pool. In every task the map-index order is the
 plan's run order (topological: layer by layer, more descendants first within a layer): among instances
 of equal priority weight Airflow's scheduler hands out slots in map-index order, so a node's parents in
-its task get slots before it, and among the nodes of a layer those that hold up most of the plan. The planning task
-records each pooled node's lane in the run's context (``RunContext.lanes``); every reader — the tasks
+its task get slots before it, and among the nodes of a layer those that hold up most of the plan. The
+planning task records each pooled node's lane in the run's context (``RunContext.lanes``); every reader —
+the tasks
 that return a lane's node ids to map over, the nodes reading their parents' records, finalize — locates
 nodes through :func:`node_location` / :func:`node_tasks` with that context.
 
