@@ -8,9 +8,8 @@ plan's run order (topological: layer by layer, more descendants first within a l
 of equal priority weight Airflow's scheduler hands out slots in map-index order, so a node's parents in
 its task get slots before it, and among the nodes of a layer those that hold up most of the plan. The
 planning task records each pooled node's lane in the run's context (``RunContext.lanes``); every reader —
-the tasks
-that return a lane's node ids to map over, the nodes reading their parents' records, finalize — locates
-nodes through :func:`node_location` / :func:`node_tasks` with that context.
+the tasks that return a lane's node ids to map over, the nodes reading their parents' records, finalize —
+locates nodes through :func:`node_location` / :func:`node_tasks` with that context.
 
 Inside a task group (:func:`~airflow_plan_provider.dag_factory.plan_task_group`) every task id carries
 the group's prefix (``triage.plan``, ``triage.nodes``). The ids here are the unprefixed ones; every read
