@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
@@ -41,6 +41,7 @@ from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.parents import (
+    FINISHED,
     POLL_FAR,
     POLL_NEAR,
     ParentsFinishedTrigger,
@@ -207,8 +208,9 @@ class PlanNodeOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         run = self._start(context)
         ti, plan, node, run_ctx = run.ti, run.plan, run.node, run.run_context
-        self._await_parents(run, context)  # a parent still running has no record yet
-        records = pull_node_records(ti, plan, run_ctx, plan.parents[node.id])
+        picked = self._await_parents(run, context)  # a parent still running has no record yet
+        unpicked = [p for p in plan.parents[node.id] if p not in picked]
+        records = {**pull_node_records(ti, plan, run_ctx, unpicked), **picked}
         parents = {p: records.get(p) for p in plan.parents[node.id]}
         statuses = {p: r.status if r else NodeStatus.FAILED for p, r in parents.items()}
         moot = [p for p, r in parents.items() if r and r.replan_requested]
@@ -342,83 +344,110 @@ class PlanNodeOperator(BaseOperator):
         except artifacts.ArtifactError as error:
             raise run.fail(f"output of parent node {parent_id}: {error}") from error
 
-    def _await_parents(self, run: NodeRun, context: Context) -> None:
-        """Return once every parent's task instance has finished. Until then poll their states while
-        they run (one request per poll, paced by :func:`~airflow_plan_provider.triggers.parents.poll_pause`
-        from the grandparents' states, read in the same request), for at most ``slot_wait`` seconds; then
-        defer to the triggerer, or make way for a parent that needs a slot (reschedule this instance), as
-        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides.
+    def _await_parents(self, run: NodeRun, context: Context) -> dict[str, NodeRecord]:
+        """Return once every parent has finished, with the records of the parents whose result was
+        picked up from their checkpoints (the others' records are in XCom by then).
 
-        A request returns every instance of the tasks asked for, and Airflow's API server loads each as
-        a full task-instance row: in a plan of more than :data:`READ_ALL_STATES_UP_TO` nodes the node
-        reads its parents' instances one by one instead (one small request each) and polls every
-        ``POLL_FAR`` seconds."""
+        Until then the node polls its parents' task states (one request, with the grandparents' states)
+        for at most ``slot_wait`` seconds; then it defers to the triggerer, or makes way for a parent
+        that needs a slot (reschedules this instance), as
+        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides. While the parents run their
+        tools (every grandparent finished) it also looks for their checkpoints every ``POLL_NEAR``
+        seconds: a parent saves its checkpoint the moment its tool returns, before it pushes its record
+        and its task ends (metadata database writes that take up to a second or more on a busy
+        database), so the node starts without waiting for those. Only a checkpoint saved in this run
+        counts: it says the parent called its tool here and succeeded. The states are then read every
+        ``POLL_FAR`` seconds (they still tell a failed, skipped or retrying parent), and every
+        ``POLL_NEAR`` seconds when the DAG keeps no checkpoints (see
+        :func:`~airflow_plan_provider.triggers.parents.poll_pause`).
+        """
         plan = run.plan
         parent_ids = plan.parents[run.node.id]
         if not parent_ids:
-            return
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
+            return {}
         ti = run.ti
-
-        def where(node_ids: Iterable[str]) -> dict[str, list[int]]:
-            return {
-                task_id_in(ti, task): indexes
-                for task, indexes in locations(plan, run.run_context, node_ids).items()
-            }
-
-        tasks = where(parent_ids)
-        grandparents = where(sorted({node for parent in parent_ids for node in plan.parents[parent]}))
-        one_by_one = len(plan.nodes) > READ_ALL_STATES_UP_TO
-        began = time.monotonic()
+        instances = {node: self._where(run, [node]) for node in parent_ids}  # parent → its instance
+        tasks = self._where(run, parent_ids)
+        grandparents = self._where(
+            run, sorted({node for parent in parent_ids for node in plan.parents[parent]})
+        )
+        large = len(plan.nodes) > READ_ALL_STATES_UP_TO
+        picked: dict[str, NodeRecord] = {}
+        began = now_ = time.monotonic()
+        read_states_at = began
         while True:
-            if one_by_one:
-                found: dict[str, Any] = {ti.run_id: {}}
-                for task, indexes in tasks.items():
-                    for index in indexes:
-                        state = RuntimeTaskInstance.get_task_states(
-                            dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index
+            if now_ >= read_states_at:
+                found = _read_states(ti, tasks, grandparents, one_by_one=large)
+                waited = now_ - began
+                decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
+                if decision is ParentsWait.READY:
+                    if waited >= POLL_NEAR:
+                        self.log.info(
+                            "node %s: parents finished after %.1f s in its slot", run.node.id, waited
                         )
-                        found[ti.run_id].update(state.get(ti.run_id, {}))
-            else:
-                found = RuntimeTaskInstance.get_task_states(
-                    dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
+                    return picked
+                if decision is ParentsWait.MAKE_WAY:
+                    self._make_way(run, context)
+                if decision is ParentsWait.DEFER:
+                    self.log.info(
+                        "node %s: parents still running after %.1f s; waiting on the triggerer",
+                        run.node.id,
+                        waited,
+                    )
+                    self.defer(
+                        trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
+                        method_name="resume_after_parents",
+                    )
+                states = found.get(ti.run_id, {})
+                running = [
+                    p for p in parent_ids if parent_states(found, ti.run_id, instances[p])[0] not in FINISHED
+                ]
+                # None for a grandparent not read (a large plan's reads): its nodes poll at the far pace
+                grandparent_states = parent_states(found, ti.run_id, grandparents)
+                near = all(state in FINISHED for state in grandparent_states)
+                read_states_at = now_ + poll_pause(
+                    grandparent_states,
+                    rows=len(states),
+                    pollers=sum(state == "running" for state in states.values()),
+                    checkpoints=self.checkpoints,
                 )
-            waited = time.monotonic() - began
-            decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
-            if decision is ParentsWait.READY:
-                if waited >= POLL_NEAR:
-                    self.log.info("node %s: parents finished after %.1f s in its slot", run.node.id, waited)
-                return
-            if decision is ParentsWait.WAIT and one_by_one:
-                time.sleep(POLL_FAR)  # the grandparents were not read
-                continue
-            if decision is ParentsWait.WAIT:
-                run_states = found.get(ti.run_id, {})
-                pause = poll_pause(
-                    parent_states(found, ti.run_id, grandparents),
-                    rows=len(run_states),
-                    pollers=sum(state == "running" for state in run_states.values()),
-                )
-                time.sleep(pause)
-                continue
-            if decision is ParentsWait.MAKE_WAY:
-                made_way = min(int(context.get("task_reschedule_count") or 0), 8)
-                delay = min(MAKE_WAY_FIRST * 2**made_way, MAKE_WAY_MAX)
-                self.log.info(
-                    "node %s: a parent waits for a slot or a retry; this node makes way and looks again "
-                    "in %s s",
-                    run.node.id,
-                    delay,
-                )
-                raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=delay))
-            self.log.info(
-                "node %s: parents still running after %.1f s; waiting on the triggerer", run.node.id, waited
-            )
-            self.defer(
-                trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
-                method_name="resume_after_parents",
-            )
+            if near and self.checkpoints:
+                picked.update(self._checkpoints_of_this_run(run, [p for p in running if p not in picked]))
+                if all(p in picked for p in running):
+                    self.log.info(
+                        "node %s: parents' results picked up from their checkpoints after %.1f s in its slot",
+                        run.node.id,
+                        time.monotonic() - began,
+                    )
+                    return picked
+            time.sleep(max(0.0, min(POLL_NEAR if near else POLL_FAR, read_states_at - time.monotonic())))
+            now_ = time.monotonic()
+
+    @staticmethod
+    def _where(run: NodeRun, node_ids: Iterable[str]) -> dict[str, list[int]]:
+        """Task id (with the group's prefix) → the map indexes of ``node_ids``' instances."""
+        found = locations(run.plan, run.run_context, node_ids)
+        return {task_id_in(run.ti, task): indexes for task, indexes in found.items()}
+
+    def _checkpoints_of_this_run(self, run: NodeRun, node_ids: Iterable[str]) -> dict[str, NodeRecord]:
+        """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run."""
+        records = {}
+        for node_id in node_ids:
+            saved = artifacts.load_checkpoint(run.key(run.plan.node(node_id)), self.artifact_store)
+            if saved is not None and saved.get("run_id") == run.ti.run_id:
+                fields = {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
+                records[node_id] = NodeRecord(node_id=node_id, status=NodeStatus.SUCCESS, **fields)
+        return records
+
+    def _make_way(self, run: NodeRun, context: Context) -> NoReturn:
+        made_way = min(int(context.get("task_reschedule_count") or 0), 8)
+        delay = min(MAKE_WAY_FIRST * 2**made_way, MAKE_WAY_MAX)
+        self.log.info(
+            "node %s: a parent waits for a slot or a retry; this node makes way and looks again in %s s",
+            run.node.id,
+            delay,
+        )
+        raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=delay))
 
     def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
@@ -466,7 +495,9 @@ class PlanNodeOperator(BaseOperator):
         if self.checkpoints:
             try:
                 artifacts.save_checkpoint(
-                    key, {**outcome, "attempts": run.ti.try_number}, self.artifact_store
+                    key,
+                    {**outcome, "attempts": run.ti.try_number, "run_id": run.ti.run_id},
+                    self.artifact_store,
                 )
             except Exception as error:  # the record below is what counts; a checkpoint only saves work
                 self.log.warning("node %s: could not save its checkpoint (%s)", run.node.id, error)
@@ -549,3 +580,29 @@ def _hostname(ti: Any) -> str:
     from airflow.sdk.api.client import get_hostname
 
     return str(get_hostname())
+
+
+def _read_states(
+    ti: Any, tasks: dict[str, list[int]], grandparents: dict[str, list[int]], *, one_by_one: bool
+) -> dict[str, Any]:
+    """The states of the parents' instances ``tasks`` and of the grandparents' ``grandparents`` in this
+    run, as ``RuntimeTaskInstance.get_task_states`` returns them: in one request, which returns every
+    instance of the tasks asked for; or, ``one_by_one``, only the parents', one instance per request
+    (Airflow's API server loads each instance as a full task-instance row: in a plan of 500 nodes a
+    read of all took 11 s on PostgreSQL and stalled the run, one instance's 30 ms)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    if not one_by_one:
+        return dict(
+            RuntimeTaskInstance.get_task_states(
+                dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
+            )
+        )
+    found: dict[str, Any] = {ti.run_id: {}}
+    for task, indexes in tasks.items():
+        for index in indexes:
+            state = RuntimeTaskInstance.get_task_states(
+                dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index
+            )
+            found[ti.run_id].update(state.get(ti.run_id, {}))
+    return found

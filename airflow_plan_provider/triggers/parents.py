@@ -57,34 +57,43 @@ STARTED = frozenset({"running", "queued", "deferred"})
 QUEUED_GRACE = 10.0
 
 
-#: seconds between two polls of the parents' states by a waiting node whose parents are all running
-#: their tools (every grandparent finished): any of them may finish at any moment
+#: seconds between two polls by a waiting node whose parents are all running their tools (every
+#: grandparent finished): any of them may finish at any moment
 POLL_NEAR = 0.2
 #: ... and by one whose parents still wait on their own parents: they cannot finish before those do
 POLL_FAR = 1.0
 #: task states per second that the waiting nodes of one run read together, at most (each poll returns
-#: the state of every instance of the parents' tasks, so a plan of 500 nodes costs 500 rows a poll)
+#: the state of every instance of the parents' tasks, so a plan of 100 nodes costs 100 rows a poll)
 STATE_ROWS_PER_SECOND = 5000.0
 
 
-def poll_pause(grandparent_states: Iterable[str | None], *, rows: int = 0, pollers: int = 0) -> float:
-    """Seconds a node waiting in its slot pauses before it polls its parents' states again, given the
-    states of its parents' parents, the number of task states one poll returned (``rows``) and how
-    many instances of the run are running (``pollers``, at most that many poll).
+def poll_pause(
+    grandparent_states: Iterable[str | None], *, rows: int = 0, pollers: int = 0, checkpoints: bool = False
+) -> float:
+    """Seconds a node waiting in its slot pauses before it reads its parents' states again, given the
+    states of its parents' parents, the number of task states one read returned (``rows``), how many
+    instances of the run are running (``pollers``, at most that many poll) and whether the node looks
+    for its parents' checkpoints in between.
 
     The pickup latency, about half a pause, is paid on every edge, so the node that will run next
-    polls often; the nodes further down poll seldom. Together the run's pollers read at most
-    :data:`STATE_ROWS_PER_SECOND` task states a second, whatever the plan's size, so a large plan
-    cannot swamp the API server that also serves its tasks' starts and results.
+    polls often: its parents' states when the DAG keeps no checkpoints, else their checkpoints (every
+    ``POLL_NEAR`` seconds, which cost the metadata database nothing), the states then only telling a
+    parent that failed, was skipped or needs a slot again. The nodes further down poll seldom.
+    Together the run's pollers read at most :data:`STATE_ROWS_PER_SECOND` task states a second,
+    whatever the plan's size, so a large plan cannot swamp the API server that also serves its tasks'
+    starts and results.
 
     >>> poll_pause(["success", "skipped"])
     0.2
+    >>> poll_pause(["success", "skipped"], checkpoints=True)
+    1.0
     >>> poll_pause(["success", "running"])
     1.0
-    >>> poll_pause(["success"], rows=500, pollers=16)
-    1.6
+    >>> poll_pause(["success"], rows=100, pollers=100)
+    2.0
     """
-    pause = POLL_NEAR if all(state in FINISHED for state in grandparent_states) else POLL_FAR
+    near = all(state in FINISHED for state in grandparent_states)
+    pause = POLL_NEAR if near and not checkpoints else POLL_FAR
     return max(pause, rows * pollers / STATE_ROWS_PER_SECOND)
 
 

@@ -474,3 +474,40 @@ def test_a_node_killed_after_its_tool_returned_is_not_called_again(tmp_path, mon
     assert log.count("work") == 1
     record = xcom(run, "nodes", key=NODE_KEY, map_index=0)
     assert (record["status"], record["output"], record["checkpoint"]) == ("success", {"done": True}, True)
+
+
+def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved_in_its_own_run(tmp_path):
+    """A node waiting for a running parent starts on the parent's checkpoint (saved the moment its tool
+    returned) only when that run saved it: a checkpoint of the same call saved by another run (an earlier
+    revision's, another root run's under a colliding key) says nothing about the parent in this run."""
+    from types import SimpleNamespace
+
+    from airflow_plan_provider import artifacts
+    from airflow_plan_provider.operators.node import NodeRun, PlanNodeOperator
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+
+    base = f"file://{tmp_path}/store"
+    plan = validate_plan(
+        {
+            "nodes": [{"id": "a", "action": "fetch", "tool": "t"}, {"id": "b", "action": "use", "tool": "t"}],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+
+    def waiting_child(run_id: str) -> NodeRun:
+        ti = SimpleNamespace(dag_id="d", run_id=run_id, task=None, try_number=1)
+        return NodeRun(ti, plan, plan.node("b"), RunContext(root_run_id="root"), {}, logging.getLogger("t"))
+
+    operator = PlanNodeOperator(task_id="nodes", plan_node="b", artifact_store=base)
+    key = waiting_child("r1").key(plan.node("a"))
+    output = {"rows": 3}
+    artifacts.save_checkpoint(
+        key, {"output": output, "output_summary": "3 rows", "attempts": 1, "run_id": "r1"}, base
+    )
+
+    [(parent, record)] = operator._checkpoints_of_this_run(waiting_child("r1"), ["a"]).items()
+    assert (parent, record.status, record.output, record.output_summary) == ("a", "success", output, "3 rows")
+    assert operator._checkpoints_of_this_run(waiting_child("r2"), ["a"]) == {}
+    artifacts.save_checkpoint(key, {"output": output, "attempts": 1}, base)  # saved before run ids were
+    assert operator._checkpoints_of_this_run(waiting_child("r1"), ["a"]) == {}

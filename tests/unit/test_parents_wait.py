@@ -83,6 +83,14 @@ def test_the_next_node_to_run_polls_often_the_ones_further_down_seldom() -> None
         assert poll_pause(["success", unfinished]) == POLL_FAR, unfinished
 
 
+def test_a_node_that_watches_its_parents_checkpoints_reads_their_states_seldom() -> None:
+    """The checkpoints (looked at every POLL_NEAR) tell a parent's success; the states, read at the far
+    pace, tell only a parent that failed, was skipped or needs a slot."""
+    assert poll_pause([], checkpoints=True) == POLL_FAR
+    assert poll_pause(["success"], checkpoints=True) == POLL_FAR
+    assert poll_pause(["running"], checkpoints=True) == POLL_FAR
+
+
 def test_a_large_plan_polls_less_often_so_the_run_reads_a_bounded_number_of_states() -> None:
     """Each poll returns every instance's state: 16 pollers of a 500-node plan must slow down, those of a
     60-node plan need not; the far pause is never shortened."""
