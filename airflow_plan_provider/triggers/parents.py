@@ -6,7 +6,8 @@ of the parents' states and how long it has waited in its slot):
 
 - ``READY``: every parent finished; read their records and run.
 - ``WAIT``: every unfinished parent is running (or was queued a moment ago): keep the slot and poll
-  again shortly. The parent's result is picked up without a scheduler hop or a second task start.
+  again shortly. The parent's result is picked up without a scheduler hop or a second task start (from
+  the checkpoint it saves when its tool returns, see ``operators/node.py``).
 - ``DEFER``: the parents have their slots but are slow (the in-slot bound passed, a parent stays
   queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
