@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.plan.calls import idempotency_key
+from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 from airflow_plan_provider.testing.processes import pid_alive
 from airflow_plan_provider.testing.scripted import CallLog
@@ -73,7 +74,7 @@ def start_cluster(
 
 
 def node_tis(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
-    """Plan node id → its task instance (the i-th node of the published plan in layer order →
+    """Plan node id → its task instance (the i-th node of the published plan in run order →
     ``nodes[i]``). Empty before the plan is published and the node task is expanded.
     """
     try:
@@ -83,7 +84,7 @@ def node_tis(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dic
             return {}
         raise
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
-    order = [node for layer in plan["layers"] for node in layer]
+    order = ValidatedPlan.model_validate(plan).run_order
     return {node: tis[("nodes", i)] for i, node in enumerate(order) if ("nodes", i) in tis}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.plan.calls import idempotency_key
+from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
 from airflow_plan_provider.testing.seed import seed_plan
@@ -72,12 +73,11 @@ def run_to_end(cluster: AirflowCluster, dag_id: str, conf: dict[str, Any]) -> tu
 
 
 def states_by_node(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
-    """Plan node id → task state, from the published plan's layers (the i-th node in layer order is
-    ``nodes[i]``)."""
+    """Plan node id → task state, from the published plan (the i-th node in run order is ``nodes[i]``)."""
     plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
     states = {}
-    for i, node_id in enumerate(node for layer in plan["layers"] for node in layer):
+    for i, node_id in enumerate(ValidatedPlan.model_validate(plan).run_order):
         ti = tis[("nodes", i)]
         label = ti.get("rendered_map_index")
         if label:  # the grid label names the same node
