@@ -430,10 +430,15 @@ class PlanNodeOperator(BaseOperator):
         return {task_id_in(run.ti, task): indexes for task, indexes in found.items()}
 
     def _checkpoints_of_this_run(self, run: NodeRun, node_ids: Iterable[str]) -> dict[str, NodeRecord]:
-        """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run."""
+        """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run. A store
+        that cannot be read just now tells nothing: the parents' states still do."""
         records = {}
         for node_id in node_ids:
-            saved = artifacts.load_checkpoint(run.key(run.plan.node(node_id)), self.artifact_store)
+            try:
+                saved = artifacts.load_checkpoint(run.key(run.plan.node(node_id)), self.artifact_store)
+            except Exception as error:  # an object store's hiccup must not fail a waiting node
+                self.log.debug("node %s: checkpoint of %s not read (%s)", run.node.id, node_id, error)
+                continue
             if saved is not None and saved.get("run_id") == run.ti.run_id:
                 fields = {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
                 records[node_id] = NodeRecord(node_id=node_id, status=NodeStatus.SUCCESS, **fields)

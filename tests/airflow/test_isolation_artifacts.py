@@ -511,3 +511,8 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
     assert operator._checkpoints_of_this_run(waiting_child("r2"), ["a"]) == {}
     artifacts.save_checkpoint(key, {"output": output, "attempts": 1}, base)  # saved before run ids were
     assert operator._checkpoints_of_this_run(waiting_child("r1"), ["a"]) == {}
+    (tmp_path / "not_a_folder").write_text("")  # a store that cannot be read: nothing picked, no error
+    unreadable = PlanNodeOperator(
+        task_id="n", plan_node="b", artifact_store=f"file://{tmp_path}/not_a_folder"
+    )
+    assert unreadable._checkpoints_of_this_run(waiting_child("r1"), ["a"]) == {}
