@@ -247,7 +247,7 @@ class PlanNodeOperator(BaseOperator):
             )
             run.push(
                 NodeStatus.SUCCESS,
-                **{k: saved[k] for k in CHECKPOINT_FIELDS if k in saved},
+                **_checkpointed(saved),
                 reused=True,
                 checkpoint=True,
             )
@@ -440,8 +440,9 @@ class PlanNodeOperator(BaseOperator):
                 self.log.debug("node %s: checkpoint of %s not read (%s)", run.node.id, node_id, error)
                 continue
             if saved is not None and saved.get("run_id") == run.ti.run_id:
-                fields = {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
-                records[node_id] = NodeRecord(node_id=node_id, status=NodeStatus.SUCCESS, **fields)
+                records[node_id] = NodeRecord(
+                    node_id=node_id, status=NodeStatus.SUCCESS, **_checkpointed(saved)
+                )
         return records
 
     def _make_way(self, run: NodeRun, context: Context) -> NoReturn:
@@ -585,6 +586,11 @@ def _hostname(ti: Any) -> str:
     from airflow.sdk.api.client import get_hostname
 
     return str(get_hostname())
+
+
+def _checkpointed(saved: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a node's record that its checkpoint gives back (:data:`CHECKPOINT_FIELDS`)."""
+    return {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
 
 
 def _read_states(
