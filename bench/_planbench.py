@@ -46,11 +46,22 @@ DATABASES = ("sqlite", "postgresql")
 NODE_TASK = "nodes"  # the plan DAG's mapped task: one instance per node
 PLAN_TASK, FINALIZE_TASK = "plan", "finalize"
 WARM_PLAN, WARM_STATIC = "bench_warm_plan", "bench_warm_static"
-WARM_UP = {
-    "goal": "warm-up",
-    "nodes": [{"id": i, "action": "warm", "tool": "work", "params": {"seconds": 0.1}} for i in "12"],
-    "edges": [{"from": "1", "to": "2"}],
-}
+WARM_UP_SECONDS = 1.0
+
+
+def warm_up_plan(width: int) -> Plan:
+    """``width`` independent nodes sleeping ``WARM_UP_SECONDS``: run once as a plan and once as a static
+    DAG before the measured rounds, it puts a task through every executor worker (the LocalExecutor
+    starts ``parallelism`` workers, and a worker's first task pays imports its later ones do not), so
+    neither DAG of a round starts on a worker the other one warmed."""
+    return {
+        "goal": "warm-up",
+        "nodes": [
+            {"id": str(i), "action": "warm", "tool": "work", "params": {"seconds": WARM_UP_SECONDS}}
+            for i in range(1, width + 1)
+        ],
+        "edges": [],
+    }
 
 
 # ------------------------------------------------------------------------------------------ small helpers
@@ -622,9 +633,11 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
     for database in args.db:
         bench = Bench("plan-bench", database)
         before = load_note()
+        warm_up = warm_up_plan(args.cap)
+        warm_seconds = {n["id"]: WARM_UP_SECONDS for n in warm_up["nodes"]}
         dags = {
             WARM_PLAN: plan_dag_source(WARM_PLAN, bench.calls_folder, args.cap),
-            WARM_STATIC: static_dag_source(WARM_STATIC, WARM_UP, {"1": 0.1, "2": 0.1}, bench.calls, args.cap),
+            WARM_STATIC: static_dag_source(WARM_STATIC, warm_up, warm_seconds, bench.calls, args.cap),
         }
         for question in questions:
             dags |= question.dags(bench, args.cap)
@@ -632,11 +645,11 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
             bench.write_dag(dag_id, source)
         try:
             bench.start(parallelism=args.cap, dag_ids=list(dags))
-            # one unmeasured run of each kind: first task starts import and cache what the rest reuse
+            # one unmeasured run of each kind, as wide as the cap: every worker has run a task
             repeat_runs(
                 bench,
                 1,
-                [("warm-up plan", WARM_PLAN, {"plan": WARM_UP}), ("warm-up static", WARM_STATIC, {})],
+                [("warm-up plan", WARM_PLAN, {"plan": warm_up}), ("warm-up static", WARM_STATIC, {})],
             )
             for question in questions:
                 t0 = time.monotonic()
