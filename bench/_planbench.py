@@ -253,11 +253,12 @@ def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], cal
 def plan_dag_source(
     dag_id: str, calls_folder: Path, cap: int, max_nodes: int = 200, pool: str | None = None, **dag: Any
 ) -> str:
-    """A plan DAG with the provider's defaults but for the caps, which are those of the static DAG
-    (``max_active_nodes`` and ``max_active_tasks`` = ``cap``), ``max_nodes`` (also the step budget),
+    """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
+    = ``cap``: at most ``cap`` task instances hold a worker slot; ``max_active_nodes`` = ``max_nodes``,
+    so no node task cap counts the nodes that wait on the triggerer), ``max_nodes`` (also the step budget),
     ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
-    execution = f"max_active_nodes={cap}, pool={pool!r}"
+    execution = f"max_active_nodes={max(cap, max_nodes)}, pool={pool!r}"
     limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''
@@ -608,7 +609,7 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
         "--cap",
         type=int,
         default=16,
-        help="LocalExecutor parallelism, every DAG's max_active_tasks and the plan DAG's max_active_nodes",
+        help="LocalExecutor parallelism and every DAG's max_active_tasks",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file after every question")
     parser.add_argument("--report", type=Path, help="print the tables of a --json file; run nothing")
@@ -628,7 +629,7 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
     results: dict[str, dict[str, Any]] = {q.name: {} for q in questions}
     header = [
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; LocalExecutor, parallelism {args.cap}, every DAG"
-        f" max_active_tasks {args.cap}, plan DAG max_active_nodes {args.cap}; medians of {args.repeat}"
+        f" max_active_tasks {args.cap} (plan DAG max_active_nodes: its max_nodes); medians of {args.repeat}"
     ]
     for database in args.db:
         bench = Bench("plan-bench", database)

@@ -4,7 +4,7 @@ Each run executes the same 20-node plan (4 layers of 5; node i of layer k needs 
 layer k-1; every tool call sleeps 1 s). The plan DAG is built with ``pool="bench_pool"`` (created through
 ``POST /api/v2/pools`` with 8 slots, deferred instances not counted) so the node instances of every run
 share 8 slots; the plan and finalize tasks use the default pool. LocalExecutor ``parallelism`` is 16 (and
-``max_active_nodes`` 16) so that the pool, not the executor, is the binding limit on node tasks. The 20
+``max_active_nodes`` above it) so that the pool, not the executor, is the binding limit on node tasks. The 20
 runs are triggered back to back and the script waits for all of them.
 
 Printed: throughput in nodes per minute over the window from the first task start to the last task end,

@@ -7,7 +7,7 @@ of C node slots the best makespan is max(250 / C, 10) s.
 
 Slots held are counted from the node task instances' own logs (one period per task process: start to
 end, or to its pause as DEFERRED), so a deferred instance holds no slot while it waits; the peak must be
-≤ the cap (``max_active_nodes``). ``--wide-static`` also runs the same plan as a static DAG.
+≤ the cap (the DAG's ``max_active_tasks``). ``--wide-static`` also runs the same plan as a static DAG.
 
 Run::
 

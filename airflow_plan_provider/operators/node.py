@@ -24,6 +24,7 @@ from airflow_plan_provider.operators.layout import (
     NODE_KEY,
     group_prefix,
     locations,
+    node_tasks,
     pull_locked,
     pull_node_records,
     pull_plan,
@@ -41,6 +42,7 @@ from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
 from airflow_plan_provider.triggers.parents import (
+    ACTIVE,
     FINISHED,
     POLL_FAR,
     POLL_NEAR,
@@ -49,6 +51,7 @@ from airflow_plan_provider.triggers.parents import (
     parent_states,
     parents_wait,
     poll_pause,
+    steps_aside,
 )
 from airflow_plan_provider.triggers.payloads import JobOutcome, validate_job_event, validate_parents_event
 
@@ -359,7 +362,10 @@ class PlanNodeOperator(BaseOperator):
         counts: it says the parent called its tool here and succeeded. The states are then read every
         ``POLL_FAR`` seconds (they still tell a failed, skipped or retrying parent), and every
         ``POLL_NEAR`` seconds when the DAG keeps no checkpoints (see
-        :func:`~airflow_plan_provider.triggers.parents.poll_pause`).
+        :func:`~airflow_plan_provider.triggers.parents.poll_pause`). When a node of its task is ready to
+        run but has no slot, a waiting node gives it its own and waits on the triggerer instead
+        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`; in a plan of at most
+        ``READ_ALL_STATES_UP_TO`` nodes, whose every state one read returns).
         """
         plan = run.plan
         parent_ids = plan.parents[run.node.id]
@@ -377,7 +383,8 @@ class PlanNodeOperator(BaseOperator):
         read_states_at = began
         while True:
             if now_ >= read_states_at:
-                found = _read_states(ti, tasks, grandparents, one_by_one=large)
+                # with its own task's states (one request reads every instance; one by one, none)
+                found = _read_states(ti, {ti.task_id: [], **tasks}, grandparents, one_by_one=large)
                 waited = now_ - began
                 decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
                 if decision is ParentsWait.READY:
@@ -399,6 +406,16 @@ class PlanNodeOperator(BaseOperator):
                         method_name="resume_after_parents",
                     )
                 states = found.get(ti.run_id, {})
+                if not large and self._steps_aside(run, states):
+                    self.log.info(
+                        "node %s: a node ready to run waits for a slot; this node gives it its own and "
+                        "waits for its parents on the triggerer",
+                        run.node.id,
+                    )
+                    self.defer(
+                        trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
+                        method_name="resume_after_parents",
+                    )
                 running = [
                     p for p in parent_ids if parent_states(found, ti.run_id, instances[p])[0] not in FINISHED
                 ]
@@ -428,6 +445,27 @@ class PlanNodeOperator(BaseOperator):
         """Task id (with the group's prefix) → the map indexes of ``node_ids``' instances."""
         found = locations(run.plan, run.run_context, node_ids)
         return {task_id_in(run.ti, task): indexes for task, indexes in found.items()}
+
+    def _steps_aside(self, run: NodeRun, states: dict[str, Any]) -> bool:
+        """Whether this waiting node gives its slot to a ready node of its task that has none
+        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`), judged by the ``states`` read
+        (Airflow's ``task_map`` keys). Never while the task's own cap (``max_active_nodes``) is full:
+        Airflow counts a deferred instance under it, so stepping aside would free no slot the ready node
+        could take."""
+        own = run.ti.task_id
+        prefix = group_prefix(getattr(run.ti, "task", None))
+        tasks = node_tasks(run.plan, run.run_context)
+        where = {
+            node: f"{prefix}{task}_{index}"
+            for task, nodes in tasks.items()
+            for index, node in enumerate(nodes)
+        }
+        cap = self.max_active_tis_per_dagrun
+        active = sum(state in ACTIVE for key, state in states.items() if key.rpartition("_")[0] == own)
+        if cap is not None and active >= cap:
+            return False
+        queue = tasks.get(own.removeprefix(prefix), [])
+        return steps_aside(run.node.id, queue, run.plan.parents, lambda n: states.get(where[n]))
 
     def _checkpoints_of_this_run(self, run: NodeRun, node_ids: Iterable[str]) -> dict[str, NodeRecord]:
         """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run. A store

@@ -10,6 +10,12 @@ of the parents' states and how long it has waited in its slot):
   the checkpoint it saves when its tool returns, see ``operators/node.py``).
 - ``DEFER``: the parents have their slots but are slow (the in-slot bound passed, a parent stays
   queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
+- Stepping aside (:func:`steps_aside`): the parents run, but a node of the same task is ready to run
+  and has no slot while nodes that cannot run yet hold them: the waiting nodes last in the run order
+  defer (as ``DEFER``) and the ready node gets the slot, as in a static DAG, where only ready tasks
+  hold slots. Only while the task's own cap has room: Airflow counts a deferred instance under
+  ``max_active_tis_per_dagrun``, so it is the DAG's ``max_active_tasks``, a pool or the executor's
+  parallelism that stepping aside frees.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
   needs a slot, so give this one back (the node reschedules itself) and look again after a delay (5 s
   at first: a shorter one races Airflow's report of the rescheduled try, see
@@ -42,7 +48,7 @@ deferred children fill the task's cap and the root's retry never gets a slot.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -124,6 +130,53 @@ def parents_wait(states: Iterable[str | None], waited: float, slot_wait: float) 
     if "queued" in unfinished and waited >= QUEUED_GRACE:
         return ParentsWait.DEFER
     return ParentsWait.WAIT
+
+
+#: states of an instance that waits for a slot
+SLOTLESS = frozenset({None, "scheduled"})
+#: states Airflow counts under a task's ``max_active_tis_per_dagrun`` (deferred ones too)
+ACTIVE = frozenset({"queued", "running", "deferred"})
+
+
+def steps_aside(
+    node: str,
+    queue: Iterable[str],
+    parents: Mapping[str, Iterable[str]],
+    state_of: Callable[[str], str | None],
+) -> bool:
+    """Whether waiting node ``node`` gives its slot to a node that is ready to run and has none.
+
+    ``queue`` is the nodes of ``node``'s task in map-index order, the order in which Airflow hands out
+    the task's free slots; ``state_of`` tells a node's task instance state (None: none yet). The ready
+    nodes without a slot at the head of the queue (before any node that waits for a slot but still
+    waits for its parents too) get the next free slots: for each of them one waiting node steps aside,
+    first the *far* waiters (whose parents wait on their own parents) last in the queue, then the
+    *near* ones (whose parents run their tools) last in the queue. A node that steps aside waits on the
+    triggerer for its parents, holding no worker slot, and is picked up as a static DAG's task is;
+    the ready node no longer waits for a slot held by a node that cannot run yet.
+
+    >>> parents = {"a": [], "b": ["a"], "c": ["b"], "d": []}
+    >>> states = {"a": "running", "b": "running", "c": "running", "d": "scheduled"}
+    >>> [n for n in "abcd" if steps_aside(n, "abcd", parents, states.get)]
+    ['c']
+    """
+    queue = list(queue)
+
+    def finished(n: str) -> bool:
+        return state_of(n) in FINISHED
+
+    ready = 0
+    for n in queue:
+        if state_of(n) in SLOTLESS:
+            if not all(map(finished, parents[n])):
+                break
+            ready += 1
+    if not ready:
+        return False
+    waiting = [n for n in reversed(queue) if state_of(n) == "running" and not all(map(finished, parents[n]))]
+    far = [n for n in waiting if not all(finished(g) for p in parents[n] for g in parents[p])]
+    near = [n for n in waiting if n not in far]
+    return node in (far + near)[:ready]
 
 
 def parent_states(

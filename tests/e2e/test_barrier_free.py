@@ -16,7 +16,7 @@ from airflow_plan_provider.testing.cluster import AirflowCluster
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).parent / "dags" / "barrier_free_dags.py"
-DAGS = ("e2e_unbalanced", "e2e_cap_2_retrying_root", "e2e_sqlite_diamond")
+DAGS = ("e2e_unbalanced", "e2e_cap_2_retrying_root", "e2e_dag_cap_2_retrying_root", "e2e_sqlite_diamond")
 LOCKED = "database is locked"
 
 
@@ -54,11 +54,19 @@ def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster
     assert task_ids == {"plan", "nodes", "finalize"}
 
 
-def test_a_cap_of_two_with_a_root_that_retries_twice_completes(cluster: tuple[AirflowCluster, Path]) -> None:
+@pytest.mark.parametrize(
+    "dag_id",
+    ["e2e_cap_2_retrying_root", "e2e_dag_cap_2_retrying_root"],
+    ids=["node task cap", "DAG cap"],
+)
+def test_a_cap_of_two_with_a_root_that_retries_twice_completes(
+    cluster: tuple[AirflowCluster, Path], dag_id: str
+) -> None:
     """Ten nodes, at most two running at once, six children waiting on a root that fails twice: the
-    children make way for the root's retries instead of keeping the two slots (no deadlock)."""
+    children make way for the root's retries instead of keeping the two slots (no deadlock). Under the
+    node task's cap (``max_active_nodes``) or the DAG's (``max_active_tasks``, where waiting nodes also
+    step aside for ready ones)."""
     airflow, calls = cluster
-    dag_id = "e2e_cap_2_retrying_root"
     run_id = airflow.trigger(dag_id, {"goal": "retrying root"})
     assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success"
     states = airflow.node_states(dag_id, run_id)

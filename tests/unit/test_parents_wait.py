@@ -13,6 +13,7 @@ from airflow_plan_provider.triggers.parents import (
     parent_states,
     parents_wait,
     poll_pause,
+    steps_aside,
 )
 
 SLOT_WAIT = 30.0
@@ -99,3 +100,44 @@ def test_a_large_plan_polls_less_often_so_the_run_reads_a_bounded_number_of_stat
     assert slow > POLL_NEAR
     assert 16 * 500 / slow == pytest.approx(STATE_ROWS_PER_SECOND)
     assert poll_pause(["running"], rows=60, pollers=16) == POLL_FAR
+
+
+# a chain r → a → b → c beside roots x and y; z depends on x; the task's map-index order
+CHAIN = {"r": [], "x": [], "y": [], "a": ["r"], "z": ["x"], "b": ["a"], "c": ["b"]}
+QUEUE = ["r", "x", "y", "a", "z", "b", "c"]
+
+
+def _aside(states: dict[str, str | None], parents: dict[str, list[str]] = CHAIN) -> list[str]:
+    queue = [n for n in QUEUE if n in parents] if parents is CHAIN else list(parents)
+    return [n for n in queue if steps_aside(n, queue, parents, states.get)]
+
+
+def test_far_waiters_last_in_the_queue_give_their_slots_to_ready_nodes_without_one() -> None:
+    running = dict.fromkeys(["r", "y", "a", "b", "c"], "running")
+    # z is ready (x finished) and has no slot: the far waiter last in the queue (c) steps aside
+    assert _aside({**running, "x": "success", "z": "scheduled"}) == ["c"]
+    # two ready nodes without a slot (root y, and z): both far waiters step aside; a is near (its
+    # parent r runs its tool) and keeps its slot
+    assert _aside({**running, "x": "success", "y": None, "z": "scheduled"}) == ["b", "c"]
+
+
+def test_near_waiters_step_aside_when_no_far_one_is_left() -> None:
+    parents = {"p": [], "s": [], "t": [], "w": ["p"]}
+    states = {"p": "running", "w": "running", "s": None, "t": "scheduled"}
+    assert _aside(states, parents) == ["w"]
+
+
+def test_no_waiter_steps_aside_when_no_ready_node_waits_for_a_slot() -> None:
+    running = dict.fromkeys(QUEUE, "running")
+    assert _aside(running) == []
+    # z waits for a slot but its parent x still runs: it could not run anyway
+    assert _aside({**running, "z": "scheduled"}) == []
+    # a retrying root is not ready: the parents rule (make way) gives it a slot, not this one
+    assert _aside({**running, "x": "up_for_retry", "z": "scheduled"}) == []
+
+
+def test_a_ready_node_behind_one_that_cannot_run_gets_no_slot_from_a_waiter() -> None:
+    # the task's next free slot goes to z (first in the queue), which still waits for x: giving it one
+    # would not let b run
+    states = {"r": "success", "a": "success", "x": "running", "y": "running"}
+    assert _aside({**states, "z": "scheduled", "b": "scheduled", "c": "running"}) == []

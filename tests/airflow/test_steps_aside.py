@@ -1,0 +1,43 @@
+"""A waiting node gives its slot to a ready node only where that frees a slot the ready node can take."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("cap", "expected"),
+    [(None, True), (8, True), (4, False), (3, False)],
+    ids=["no task cap", "task cap not reached", "task cap full", "task cap over"],
+)
+def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
+    cap: int | None, expected: bool
+) -> None:
+    from airflow_plan_provider.operators.node import NodeRun, PlanNodeOperator
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+
+    # r → a → b; root x; z depends on x. x finished, z is ready and waits for a slot while r runs its
+    # tool and a and b wait in theirs: b (a far waiter) is the node that gives z its slot. Airflow
+    # counts a deferred instance under the task's max_active_tis_per_dagrun: with that cap full (r, a,
+    # b and the queued y make 4), stepping aside would free no slot that z could take.
+    plan = validate_plan(
+        {
+            "nodes": [{"id": n, "action": "work", "tool": "t"} for n in ("r", "x", "y", "a", "z", "b")],
+            "edges": [{"from": "r", "to": "a"}, {"from": "a", "to": "b"}, {"from": "x", "to": "z"}],
+        }
+    )
+    order = plan.run_order
+    state = {"r": "running", "x": "success", "y": "queued", "a": "running", "z": "scheduled", "b": "running"}
+    states = {f"nodes_{index}": state[node] for index, node in enumerate(order)}
+
+    def steps_aside(node: str) -> bool:
+        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="nodes", task=None, try_number=1)
+        run = NodeRun(ti, plan, plan.node(node), RunContext(), {}, logging.getLogger("t"))
+        operator = PlanNodeOperator(task_id="nodes", plan_node=node, max_active_tis_per_dagrun=cap)
+        return operator._steps_aside(run, states)
+
+    assert [n for n in order if steps_aside(n)] == (["b"] if expected else [])
