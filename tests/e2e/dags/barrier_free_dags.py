@@ -56,35 +56,33 @@ RETRYING_ROOT = {
     ],
 }
 
-_retry_log = call_log("e2e_cap_2_retrying_root")
-e2e_cap_2_retrying_root = build_plan_dag(
-    "e2e_cap_2_retrying_root",
-    planner=ScriptedPlanner(RETRYING_ROOT),
-    tools=scripted_registry(
-        ScriptedTool("flaky", log=_retry_log, returns="root", transient_failures=2, sleep=1),
-        ScriptedTool("quick", log=_retry_log, returns="q", sleep=0.5),
-    ),
-    execution=NodeExecution(
-        max_active_nodes=2, retries=2, retry_delay=timedelta(seconds=2), retry_exponential_backoff=0
-    ),
-    replan=False,
-)
 
+def retrying_root_dag(dag_id: str, max_active_nodes: int, **dag: object) -> object:
+    """The retrying-root plan as a DAG whose node tasks run at most ``max_active_nodes`` at once."""
+    log = call_log(dag_id)
+    return build_plan_dag(
+        dag_id,
+        planner=ScriptedPlanner(RETRYING_ROOT),
+        tools=scripted_registry(
+            ScriptedTool("flaky", log=log, returns="root", transient_failures=2, sleep=1),
+            ScriptedTool("quick", log=log, returns="q", sleep=0.5),
+        ),
+        execution=NodeExecution(
+            max_active_nodes=max_active_nodes,
+            retries=2,
+            retry_delay=timedelta(seconds=2),
+            retry_exponential_backoff=0,
+        ),
+        replan=False,
+        **dag,
+    )
+
+
+e2e_cap_2_retrying_root = retrying_root_dag("e2e_cap_2_retrying_root", max_active_nodes=2)
 # the same plan under the DAG's cap of 2 (max_active_tasks, which counts no deferred instance) with no
 # node task cap: waiting nodes also step aside (defer) for ready ones
-_dag_cap_log = call_log("e2e_dag_cap_2_retrying_root")
-e2e_dag_cap_2_retrying_root = build_plan_dag(
-    "e2e_dag_cap_2_retrying_root",
-    planner=ScriptedPlanner(RETRYING_ROOT),
-    tools=scripted_registry(
-        ScriptedTool("flaky", log=_dag_cap_log, returns="root", transient_failures=2, sleep=1),
-        ScriptedTool("quick", log=_dag_cap_log, returns="q", sleep=0.5),
-    ),
-    execution=NodeExecution(
-        max_active_nodes=10, retries=2, retry_delay=timedelta(seconds=2), retry_exponential_backoff=0
-    ),
-    replan=False,
-    max_active_tasks=2,
+e2e_dag_cap_2_retrying_root = retrying_root_dag(
+    "e2e_dag_cap_2_retrying_root", max_active_nodes=10, max_active_tasks=2
 )
 
 # a small diamond run ten times at once: every node polls and writes while the others do
