@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import itertools
 import json
 import os
 import random
@@ -503,6 +504,31 @@ def handoffs(bench: Bench, run: Run, plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+def realized_chain(bench: Bench, run: Run, plan: Plan) -> dict[str, Any]:
+    """The chain of tool calls that set the run's makespan: from the tool that ended last, back through
+    the parent whose tool ended last (the one the node waited for), to a root. Its ``gaps`` (parent tool
+    end → child tool start, each with its hand-off kind) are the time the run lost between tools on its
+    real critical path; with the head (first start → the chain's first tool) and the tail (last tool end
+    → run end) they add up to the makespan less the chain's tool time."""
+    parents = parents_of(plan)
+    rows = {r["node"]: r for r in handoffs(bench, run, plan)}
+    node = max(run.tools, key=lambda n: run.tools[n][1])
+    chain = [node]
+    while parents.get(chain[-1]):
+        chain.append(max(parents[chain[-1]], key=lambda p: run.tools[p][1]))
+    chain.reverse()
+    gaps = [(n, run.tools[n][0] - run.tools[p][1], rows[n]["kind"]) for p, n in itertools.pairwise(chain)]
+    return {
+        "nodes": chain,
+        "tools": sum(run.tools[n][1] - run.tools[n][0] for n in chain),
+        "head": run.tools[chain[0]][0] - run.first_start,
+        "gaps": [round(g, 2) for _, g, _ in gaps],
+        "kinds": [kind for _, _, kind in gaps],
+        "gap sum": sum(g for _, g, _ in gaps),
+        "tail": run.last_end - run.tools[chain[-1]][1],
+    }
+
+
 def handoff_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians of the hand-off pieces, overall and per kind, with counts."""
     out: dict[str, Any] = {"n": len(rows)}
@@ -687,7 +713,11 @@ def report(questions: Sequence[Question], results: Mapping[str, Any], header: Se
 
 def breakdown(bench: Bench, run: Run, plan: Plan) -> dict[str, Any]:
     """Where the median run's time went (phases, hand-offs; slots for the plan DAG)."""
-    out: dict[str, Any] = {"phases": phases(run), "handoffs": handoff_summary(handoffs(bench, run, plan))}
+    out: dict[str, Any] = {
+        "phases": phases(run),
+        "handoffs": handoff_summary(handoffs(bench, run, plan)),
+        "chain": realized_chain(bench, run, plan),
+    }
     if run.ti(PLAN_TASK) is not None:
         out["slot peak"], out["processes"] = slot_peak(bench, run)
     out["tool peak"] = tool_peak(run)
@@ -746,6 +776,18 @@ def print_breakdown(figures: Mapping[str, Any], indent: str = "    ") -> None:
         p, s = plan["handoffs"].get(key), static["handoffs"].get(key)
         digits = 0 if key.endswith(" n") or key == "n" else 2
         print(f"{indent}  {label:<46}{fmt(p, digits):>8}{fmt(s, digits):>8}")
+    if "chain" in plan and "chain" in static:
+        print(f"{indent}the chain of tool calls that set the makespan (head + tools + gaps + tail), s")
+        for kind, chain in (("plan", plan["chain"]), ("static", static["chain"])):
+            gaps = ", ".join(
+                f"{gap:.2f}{'' if k == 'in slot' else '*'}"
+                for gap, k in zip(chain["gaps"], chain["kinds"], strict=True)
+            )
+            print(
+                f"{indent}  {kind:<7}{' → '.join(chain['nodes'])}: head {chain['head']:.2f} + tools"
+                f" {chain['tools']:.1f} + gaps {chain['gap sum']:.2f} ({gaps}) + tail {chain['tail']:.2f}"
+            )
+        print(f"{indent}  (* the child's task process started after its parent ended)")
     if "slot peak" in plan:
         print(
             f"{indent}plan DAG node slots: peak held {plan['slot peak']}, task processes {plan['processes']}"
