@@ -48,7 +48,8 @@ deferred children fill the task's cap and the root's retry never gets a slot.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -193,6 +194,9 @@ class ParentsFinishedTrigger(BaseTrigger):
     all have finished (``{"status": "ready"}``), or until one of them waits for a slot again
     (``{"status": "make_way"}``: the deferred node lets go of its task's cap, see the module docstring).
 
+    The triggers of one triggerer waiting in the same run share their reads
+    (:func:`shared_task_states`): one request per poll interval, however many nodes of the run wait.
+
     :param dag_id: the plan DAG's id.
     :param run_id: the run whose task instances are waited for.
     :param parents: task id → the map indexes of that task to wait for.
@@ -225,15 +229,39 @@ class ParentsFinishedTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-        from asgiref.sync import sync_to_async
-
         while True:
-            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-                dag_id=self.dag_id, task_ids=sorted(self.parents), run_ids=[self.run_id]
+            states = await shared_task_states(
+                self.dag_id, self.run_id, sorted(self.parents), max_age=self.poll_interval
             )
             decision = parents_wait(parent_states(states, self.run_id, self.parents), 0.0, float("inf"))
             if decision in (ParentsWait.READY, ParentsWait.MAKE_WAY):
                 yield TriggerEvent({"status": decision.value})
                 return
             await asyncio.sleep(self.poll_interval)
+
+
+#: (event loop, dag id, run id, task ids) → (when it was asked for, the read): the parents triggers of
+#: one triggerer that wait in the same run share one read of their tasks' states per poll interval
+_READS: dict[tuple[object, str, str, tuple[str, ...]], tuple[float, asyncio.Future[Any]]] = {}
+
+
+async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float) -> Any:
+    """What ``RuntimeTaskInstance.get_task_states`` returns for ``task_ids`` in run ``run_id``, read once
+    for every trigger of this triggerer that asks within ``max_age`` seconds of the first: the deferred
+    nodes of a run wait on the same node task, and a read returns every instance of it, so a hundred
+    of them cost the API server one read a poll interval, not a hundred. A failed read fails every
+    trigger that shared it, as its own read would have."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from asgiref.sync import sync_to_async
+
+    now = time.monotonic()
+    for key, (asked_at, _) in list(_READS.items()):
+        if now - asked_at >= max_age:
+            del _READS[key]
+    key = (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids))
+    if key not in _READS:
+        read = sync_to_async(RuntimeTaskInstance.get_task_states)(
+            dag_id=dag_id, task_ids=list(task_ids), run_ids=[run_id]
+        )
+        _READS[key] = (now, asyncio.ensure_future(read))
+    return await asyncio.shield(_READS[key][1])

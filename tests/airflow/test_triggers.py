@@ -68,6 +68,18 @@ def events_of(trigger: Any) -> list[Any]:
     return asyncio.run(collect(trigger.run()))
 
 
+def first_events(triggers: list[Any], *, return_exceptions: bool = False) -> list[Any]:
+    """The first event of each trigger, run side by side on one event loop as the triggerer runs them
+    (or the exception a trigger raised, with ``return_exceptions``)."""
+
+    async def run_all() -> list[Any]:
+        return await asyncio.gather(
+            *(anext(trigger.run()) for trigger in triggers), return_exceptions=return_exceptions
+        )
+
+    return asyncio.run(run_all())
+
+
 def through_the_database(trigger: Any) -> Any:
     """The trigger the triggerer builds from what ``serialize()`` stored (encrypted kwargs and all)."""
     from airflow.models.trigger import Trigger
@@ -210,6 +222,49 @@ def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch:
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "make_way"}] and len(asked) == 2
     assert validate_parents_event(events[0].payload) == "make_way"
+
+
+def test_parents_triggers_of_one_run_share_their_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deferred nodes of one run waiting on the same node task cost one state read per poll interval
+    between them, not one each."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    calls: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        calls.append(query)
+        state = "running" if len(calls) < 3 else "success"
+        return {"manual__7": {f"nodes_{i}": state for i in range(3)}}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    triggers = [
+        ParentsFinishedTrigger(dag_id="plan", run_id="manual__7", parents={"nodes": [i]}, poll_interval=0.2)
+        for i in range(3)
+    ]
+
+    events = first_events(triggers)
+    assert [event.payload for event in events] == [{"status": "ready"}] * 3
+    # three rounds of reads (running, running, success); one read per trigger per round would be 9
+    assert 3 <= len(calls) <= 4
+
+
+def test_parents_triggers_sharing_a_failed_read_all_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    calls: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        calls.append(query)
+        raise ConnectionError("API server unreachable")
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    triggers = [
+        ParentsFinishedTrigger(dag_id="plan", run_id="manual__8", parents={"nodes": [i]}, poll_interval=0.2)
+        for i in range(2)
+    ]
+
+    results = first_events(triggers, return_exceptions=True)
+    assert [type(r) for r in results] == [ConnectionError, ConnectionError] and len(calls) == 1
 
 
 # ------------------------------------------------------------------------------- event validation
