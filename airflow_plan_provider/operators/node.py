@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -48,6 +48,7 @@ from airflow_plan_provider.triggers.parents import (
     POLL_NEAR,
     ParentsFinishedTrigger,
     ParentsWait,
+    generations,
     parent_states,
     parents_wait,
     poll_pause,
@@ -427,6 +428,7 @@ class PlanNodeOperator(BaseOperator):
                     rows=len(states),
                     pollers=sum(state == "running" for state in states.values()),
                     checkpoints=self.checkpoints,
+                    waiting_generations=2 if large else self._generations(run, states),
                 )
             if near and self.checkpoints:
                 picked.update(self._checkpoints_of_this_run(run, [p for p in running if p not in picked]))
@@ -446,26 +448,37 @@ class PlanNodeOperator(BaseOperator):
         found = locations(run.plan, run.run_context, node_ids)
         return {task_id_in(run.ti, task): indexes for task, indexes in found.items()}
 
-    def _steps_aside(self, run: NodeRun, states: dict[str, Any]) -> bool:
-        """Whether this waiting node gives its slot to a ready node of its task that has none
-        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`), judged by the ``states`` read
-        (Airflow's ``task_map`` keys). Never while the task's own cap (``max_active_nodes``) is full:
-        Airflow counts a deferred instance under it, so stepping aside would free no slot the ready node
-        could take."""
-        own = run.ti.task_id
+    @staticmethod
+    def _state_of(run: NodeRun, states: dict[str, Any]) -> Callable[[str], str | None]:
+        """Node id → its task instance's state in the ``states`` read (Airflow's ``task_map`` keys);
+        None for a node without one, or whose task was not read."""
         prefix = group_prefix(getattr(run.ti, "task", None))
-        tasks = node_tasks(run.plan, run.run_context)
         where = {
             node: f"{prefix}{task}_{index}"
-            for task, nodes in tasks.items()
+            for task, nodes in node_tasks(run.plan, run.run_context).items()
             for index, node in enumerate(nodes)
         }
+        return lambda node: states.get(where[node])
+
+    def _generations(self, run: NodeRun, states: dict[str, Any]) -> int:
+        """:func:`~airflow_plan_provider.triggers.parents.generations` of this node by the ``states``
+        read (a node of a task not read counts as waiting: a far node may then pause longer, never a
+        near one)."""
+        return generations(run.node.id, run.plan.parents, self._state_of(run, states))
+
+    def _steps_aside(self, run: NodeRun, states: dict[str, Any]) -> bool:
+        """Whether this waiting node gives its slot to a ready node of its task that has none
+        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`), judged by the ``states`` read.
+        Never while the task's own cap (``max_active_nodes``) is full: Airflow counts a deferred
+        instance under it, so stepping aside would free no slot the ready node could take."""
+        own = run.ti.task_id
+        prefix = group_prefix(getattr(run.ti, "task", None))
         cap = self.max_active_tis_per_dagrun
         active = sum(state in ACTIVE for key, state in states.items() if key.rpartition("_")[0] == own)
         if cap is not None and active >= cap:
             return False
-        queue = tasks.get(own.removeprefix(prefix), [])
-        return steps_aside(run.node.id, queue, run.plan.parents, lambda n: states.get(where[n]))
+        queue = node_tasks(run.plan, run.run_context).get(own.removeprefix(prefix), [])
+        return steps_aside(run.node.id, queue, run.plan.parents, self._state_of(run, states))
 
     def _checkpoints_of_this_run(self, run: NodeRun, node_ids: Iterable[str]) -> dict[str, NodeRecord]:
         """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run. A store

@@ -6,10 +6,12 @@ import pytest
 
 from airflow_plan_provider.triggers.parents import (
     POLL_FAR,
+    POLL_FARTHEST,
     POLL_NEAR,
     QUEUED_GRACE,
     STATE_ROWS_PER_SECOND,
     ParentsWait,
+    generations,
     parent_states,
     parents_wait,
     poll_pause,
@@ -100,6 +102,27 @@ def test_a_large_plan_polls_less_often_so_the_run_reads_a_bounded_number_of_stat
     assert slow > POLL_NEAR
     assert 16 * 500 / slow == pytest.approx(STATE_ROWS_PER_SECOND)
     assert poll_pause(["running"], rows=60, pollers=16) == POLL_FAR
+
+
+def test_waiting_generations_count_the_unfinished_nodes_between_a_node_and_the_runnable_ones() -> None:
+    parents = {"r": [], "a": ["r"], "b": ["a"], "c": ["b", "r"], "x": [], "d": ["x", "c"]}
+    all_running = {n: "running" for n in parents}
+    assert [generations(n, parents, all_running.get) for n in "rabcxd"] == [0, 1, 2, 3, 0, 4]
+    # finished ancestors end the count; a node not started yet counts as waiting
+    states = {"r": "success", "a": "success", "b": None, "c": None, "x": "failed", "d": "running"}
+    assert [generations(n, parents, states.get) for n in "bcd"] == [0, 1, 2]
+
+
+def test_a_node_far_from_running_polls_less_the_further_it_is() -> None:
+    """A node whose parents wait on their own parents cannot run before a tool of each generation in
+    between has run: it reads the states once a generation's worth of far pauses, up to POLL_FARTHEST.
+    The next node to run (parents running their tools) keeps its pace."""
+    far = ["running"]  # a grandparent has not finished: the node is far
+    assert poll_pause(far, waiting_generations=2) == POLL_FAR
+    assert poll_pause(far, waiting_generations=3) == 2 * POLL_FAR
+    assert poll_pause(far, waiting_generations=40) == POLL_FARTHEST
+    assert poll_pause(["success"], waiting_generations=1) == POLL_NEAR
+    assert poll_pause(["success"], waiting_generations=1, checkpoints=True) == POLL_FAR
 
 
 # a chain r → a → b → c beside roots x and y; z depends on x; the task's map-index order
