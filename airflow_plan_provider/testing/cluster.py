@@ -114,6 +114,10 @@ class ClusterError(RuntimeError):
         self.diagnostics = diagnostics
 
 
+#: where the SQLite connection arguments are (:mod:`airflow_plan_provider.testing.sqlite`)
+SQLITE_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
+
+
 class ClusterTimeout(ClusterError):
     """A wait ran out of time (the API never answered, a DAG was not parsed, a run did not finish) while
     every component was still running."""
@@ -343,6 +347,14 @@ class AirflowCluster:
             # --- core / db / executor
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.async_database_url,
+            **(
+                {
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": SQLITE_CONNECT_ARGS,
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": SQLITE_CONNECT_ARGS,
+                }
+                if self.database_url.startswith("sqlite")
+                else {}
+            ),
             "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
