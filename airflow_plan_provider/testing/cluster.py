@@ -61,6 +61,7 @@ from typing import Any, cast
 from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.testing.processes import family, pid_alive, signal_all, terminate_group
+from airflow_plan_provider.testing.sqlite import use_wal
 
 __all__ = [
     "COMPONENTS",
@@ -508,6 +509,8 @@ class AirflowCluster:
             raise ComponentCrashed(
                 f"`airflow db migrate` exited {rc}", _tail(log, 60), exit_codes={"db-migrate": rc}
             )
+        if self.database_url.startswith("sqlite"):
+            use_wal(self.database_url)
 
     @property
     def components(self) -> tuple[str, ...]:
