@@ -61,7 +61,7 @@ from typing import Any, cast
 from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.testing.processes import family, pid_alive, signal_all, terminate_group
-from airflow_plan_provider.testing.sqlite import use_wal
+from airflow_plan_provider.testing.sqlite import API_TIMEOUT, MAX_OVERFLOW
 
 __all__ = [
     "COMPONENTS",
@@ -352,8 +352,10 @@ class AirflowCluster:
                 {
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": SQLITE_CONNECT_ARGS,
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": SQLITE_CONNECT_ARGS,
+                    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(API_TIMEOUT),
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW": str(MAX_OVERFLOW),
                 }
-                if self.database_url.startswith("sqlite")
+                if self.is_sqlite
                 else {}
             ),
             "AIRFLOW__CORE__EXECUTOR": self.executor,
@@ -509,8 +511,11 @@ class AirflowCluster:
             raise ComponentCrashed(
                 f"`airflow db migrate` exited {rc}", _tail(log, 60), exit_codes={"db-migrate": rc}
             )
-        if self.database_url.startswith("sqlite"):
-            use_wal(self.database_url)
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the metadata database is SQLite (:mod:`.sqlite` has its settings)."""
+        return self.database_url.startswith("sqlite")
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -724,7 +729,7 @@ class AirflowCluster:
             hdrs.setdefault("Authorization", f"Bearer {self._token}")
         req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -1,30 +1,38 @@
 """Settings for the SQLite metadata database of the clusters :mod:`.cluster` starts.
 
-The database file is put in write-ahead-log mode (:func:`use_wal`, once, after ``airflow db migrate``;
-the mode is kept in the file): readers no longer block the writer or the writer them, as they do in
-SQLite's default rollback journal, where the many reads of a busy run (task states, XComs) held off the
-scheduler's, triggerer's and dag-processor's writes.
+SQLite has one writer at a time. Airflow already opens every connection in write-ahead-log mode
+(``airflow.utils.orm_event_handlers``: readers and the writer do not block each other); what a busy
+SQLite deployment still needs is that a writer waiting for the lock, and everyone waiting for that
+writer, wait long enough, in this order:
 
-``[database] sql_alchemy_connect_args`` (and its ``_async`` twin) name :data:`CONNECT_ARGS`: a
-connection waits up to 30 s for SQLite's database lock before it fails with "database is locked"
-(Python's ``sqlite3`` gives up after 5 s). Ten concurrent plan runs on a 2-core machine kept the lock
-busy longer than 5 s now and then, and the triggerer and dag-processor, which cannot retry a failed
-heartbeat write, exited.
+* ``[database] sql_alchemy_connect_args`` (and its ``_async`` twin) name :data:`CONNECT_ARGS`: a
+  connection waits up to :data:`LOCK_TIMEOUT` for the lock before it fails with "database is locked"
+  (Python's ``sqlite3`` gives up after 5 s). The triggerer and dag-processor cannot retry a failed
+  write and exit on it; on a loaded 2-core machine the lock was now and then held longer than 5 s.
+* ``[workers] execution_api_timeout`` is :data:`API_TIMEOUT`, longer than that wait. A task talks to
+  the database through the API server, whose request waits for the lock like any writer; with the
+  default 5 s the task gave up on a request the server went on to commit, retried it, and failed on
+  the answer (a second "success" is a conflict) or on the last retry's timeout.
+* :data:`API_TIMEOUT` is also how long a client of the REST API (the cluster's own, the tests') waits.
+* ``[database] sql_alchemy_max_overflow`` is :data:`MAX_OVERFLOW`, no limit on a process's connections.
+  The API server serves up to 40 requests at once from a pool of 15 connections (5 and 10 overflow).
+  With every pooled connection waiting for the lock, the request holding it asked the pool for one
+  more and waited too: nothing moved until the pool's 30 s timeout failed them all. A SQLite
+  connection is a file handle, and a process never holds more than its threads.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
+#: seconds a connection waits for SQLite's database lock
+LOCK_TIMEOUT = 30.0
+
 #: ``sqlite3.connect`` arguments (Airflow adds ``check_same_thread``)
-CONNECT_ARGS: dict[str, Any] = {"timeout": 30.0}
+CONNECT_ARGS: dict[str, Any] = {"timeout": LOCK_TIMEOUT}
 
+#: seconds an API client waits for an answer: the server's wait for the lock, and time to spare
+API_TIMEOUT = 2 * LOCK_TIMEOUT
 
-def use_wal(database_url: str) -> None:
-    """Put the SQLite database of ``database_url`` (``sqlite:////abs/path.db``) in write-ahead-log mode."""
-    path = database_url.split("///", 1)[1].split("?", 1)[0]
-    with sqlite3.connect(path, timeout=CONNECT_ARGS["timeout"]) as connection:
-        mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    if mode != "wal":
-        raise RuntimeError(f"SQLite database {path} did not switch to write-ahead logging (mode {mode!r})")
+#: ``[database] sql_alchemy_max_overflow``: connections beyond the pool's five, -1 for no limit
+MAX_OVERFLOW = -1

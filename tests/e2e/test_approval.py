@@ -28,6 +28,7 @@ import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
+from airflow_plan_provider.testing.sqlite import API_TIMEOUT
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
@@ -77,7 +78,7 @@ class Env:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.cluster.base_url + path, data, headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=API_TIMEOUT) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode("utf-8", "replace")

@@ -1,10 +1,15 @@
 """Barrier-free nodes on a real scheduler (LocalExecutor, SQLite): a node starts when its own parents
 finish, a cap smaller than the plan's width with a retrying parent does not deadlock, and concurrent
-runs on SQLite do not lock the database."""
+runs on SQLite complete while another writer holds the database lock for longer than an API request's
+default timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +17,14 @@ import pytest
 
 from airflow_plan_provider.testing import CallLog
 from airflow_plan_provider.testing.cluster import AirflowCluster
+from airflow_plan_provider.testing.sqlite import LOCK_TIMEOUT
 
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).parent / "dags" / "barrier_free_dags.py"
 DAGS = ("e2e_unbalanced", "e2e_cap_2_retrying_root", "e2e_dag_cap_2_retrying_root", "e2e_sqlite_diamond")
 LOCKED = "database is locked"
+HOLD = 8.0  # seconds another writer holds the lock
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +90,47 @@ def test_a_cap_of_two_with_a_root_that_retries_twice_completes(
     assert result is not None and (result.status, result.reason) == ("completed", "goal_met")
 
 
-def test_ten_concurrent_runs_on_sqlite_do_not_lock_the_database(cluster: tuple[AirflowCluster, Path]) -> None:
+@contextlib.contextmanager
+def lock_held(database: Path, holds: int, hold: float, gap: float) -> Iterator[list[float]]:
+    """Another writer takes SQLite's database lock ``holds`` times, for ``hold`` s each with ``gap`` s
+    between, while the block runs; yields the seconds each hold waited for the lock."""
+    waits: list[float] = []
+
+    def take() -> None:
+        connection = sqlite3.connect(database, timeout=LOCK_TIMEOUT, isolation_level=None)
+        try:
+            for _ in range(holds):
+                time.sleep(gap)
+                asked = time.monotonic()
+                connection.execute("BEGIN IMMEDIATE")
+                waits.append(time.monotonic() - asked)
+                time.sleep(hold)
+                connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=take, name="lock-holder")
+    holder.start()
+    try:
+        yield waits
+    finally:
+        holder.join()
+
+
+def test_ten_concurrent_runs_on_sqlite_complete_while_the_database_is_locked(
+    cluster: tuple[AirflowCluster, Path],
+) -> None:
+    """Ten runs at once, and three times the lock is held for 8 s: longer than Airflow's default
+    execution API timeout (5 s), after which a task gave up on requests the server went on to commit."""
     airflow, _ = cluster
     dag_id = "e2e_sqlite_diamond"
+    assert airflow.is_sqlite and HOLD < LOCK_TIMEOUT
     run_ids = [airflow.trigger(dag_id, {"goal": f"diamond {i}"}) for i in range(10)]
-    outcomes = {run_id: airflow.wait_for_run(dag_id, run_id, timeout=600) for run_id in run_ids}
+    database = Path(airflow.database_url.split("///", 1)[1])
+    with lock_held(database, holds=3, hold=HOLD, gap=2.0) as waits:
+        outcomes = {run_id: airflow.wait_for_run(dag_id, run_id, timeout=600) for run_id in run_ids}
     assert outcomes == dict.fromkeys(run_ids, "success")
+    assert len(waits) == 3  # the lock was held three times, each while runs were going
     for run_id in run_ids:
         result = airflow.session_result(dag_id, run_id)
         assert result is not None and result.status == "completed", result
