@@ -35,9 +35,12 @@ DEFAULT_SLOT_WAIT = timedelta(seconds=30)
 Approver = str | Mapping[str, str]
 
 
-def _count(owner: str, name: str, value: Any, minimum: int) -> None:
+def _count(owner: str, name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
+        what = f"an integer >= {minimum}{' or None' if optional else ''}"
+        raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
 
 
 def _duration(owner: str, name: str, value: Any, *, optional: bool = False, positive: bool = False) -> None:
@@ -57,7 +60,8 @@ class NodeExecution:
         (a multiplier, 0 for a constant delay) up to ``max_retry_delay``.
     :param timeout: a node task's ``execution_timeout`` (and an asynchronous tool's default job timeout);
         ``None``: no limit.
-    :param max_active_nodes: nodes running at once in one run, in each node task.
+    :param max_active_nodes: nodes running at once in one run, in each node task; ``None``: no cap of
+        the node task's own (the DAG's ``max_active_tasks``, a pool and ``parallelism`` still apply).
     :param pool: an Airflow pool shared across runs by the nodes whose tool declares none (a tool's own
         pool wins for its nodes).
     :param slot_wait: how long a node whose parents are running waits for them in its slot (polling
@@ -74,13 +78,13 @@ class NodeExecution:
     retry_exponential_backoff: float = 2.0
     max_retry_delay: timedelta = timedelta(minutes=5)
     timeout: timedelta | None = None
-    max_active_nodes: int = 5
+    max_active_nodes: int | None = 5
     pool: str | None = None
     slot_wait: timedelta = DEFAULT_SLOT_WAIT
 
     def __post_init__(self) -> None:
         _count("NodeExecution", "retries", self.retries, 0)
-        _count("NodeExecution", "max_active_nodes", self.max_active_nodes, 1)
+        _count("NodeExecution", "max_active_nodes", self.max_active_nodes, 1, optional=True)
         _duration("NodeExecution", "retry_delay", self.retry_delay)
         _duration("NodeExecution", "max_retry_delay", self.max_retry_delay)
         _duration("NodeExecution", "timeout", self.timeout, optional=True, positive=True)

@@ -1,7 +1,7 @@
 """Run a validated plan in this process, without Airflow, by the rules the plan DAG's node tasks follow.
 
-Nodes run on a thread pool (``NodeExecution.max_active_nodes`` threads); each starts as soon as its own
-parents have finished (there is no layer barrier). A node decides with
+Nodes run on a thread pool (``NodeExecution.max_active_nodes`` threads, one per node when ``None``); each
+starts as soon as its own parents have finished (there is no layer barrier). A node decides with
 :func:`~airflow_plan_provider.plan.decisions.decide` (skip below a failed hard parent or a replan request;
 run with the missing optional inputs named), reuses a locked node's output, respects the step budget,
 gets its params from :func:`~airflow_plan_provider.plan.calls.call_params`, and calls its tool: a
@@ -93,9 +93,9 @@ def run_plan(
     not run again) and runs the next revision, within ``budgets`` (steps and replans), as the plan
     DAG's replan runs do; ``limits`` and ``repair_attempts`` apply to its replies.
 
-    ``execution`` are the node settings a plan DAG uses: ``max_active_nodes`` threads; ``retries`` more
-    tries after a failed try (not a permanent failure), ``retry_delay`` growing by
-    ``retry_exponential_backoff`` up to ``max_retry_delay`` (or the delay the tool asked for,
+    ``execution`` are the node settings a plan DAG uses: ``max_active_nodes`` threads (``None``: one per
+    node); ``retries`` more tries after a failed try (not a permanent failure), ``retry_delay`` growing
+    by ``retry_exponential_backoff`` up to ``max_retry_delay`` (or the delay the tool asked for,
     ``retry_after``); ``timeout`` bounds an asynchronous tool's job when the tool sets none (a thread
     running a tool cannot be stopped, so it bounds nothing else). ``mode`` and ``pool`` do not apply.
     """
@@ -103,7 +103,7 @@ def run_plan(
     state = _local_session(plan, budgets, "planner" if planner is not None else "conf")
     while True:
         runner = _NodeRunner(plan, tools, state, execution)
-        records = _run_nodes(plan, runner, execution.max_active_nodes)
+        records = _run_nodes(plan, runner, execution.max_active_nodes or len(plan.node_ids))
         state = record_node_outcomes(state, plan, records)
         conclusion = conclude(plan, records, state)
         shown = {n: r.output for n, r in records.items() if r.status is NodeStatus.SUCCESS}

@@ -25,9 +25,11 @@ def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
     return build_plan_dag(dag_id, planner=ScriptedPlanner(plan_), tools=tools, **options)
 
 
-def test_seed_plan_completes(tmp_path):
+@pytest.mark.parametrize("cap", [5, None], ids=["capped", "no cap of its own"])
+def test_seed_plan_completes(tmp_path, cap):
     log = CallLog(tmp_path)
-    dag = build("seed_ok", log, plan_=seed_plan())
+    dag = build("seed_ok", log, plan_=seed_plan(), execution=NodeExecution(max_active_nodes=cap))
+    assert dag.get_task("nodes").max_active_tis_per_dagrun == cap
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "success"

@@ -99,6 +99,29 @@ def test_one_worker_runs_one_node_at_a_time(log: CallLog) -> None:
     assert result.status == "completed" and log.max_concurrency() == 1
 
 
+def test_no_cap_runs_every_ready_node_at_once(log: CallLog) -> None:
+    """Seven independent nodes that each wait until all seven have started: more than the default cap
+    of five, so only ``max_active_nodes=None`` lets them all return True."""
+    started = threading.Barrier(7)
+    registry = scripted_registry()
+
+    @registry.tool
+    def meet() -> bool:
+        try:
+            started.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            return False
+        return True
+
+    plan = {"nodes": [{"id": f"n{i}", "action": "meet the others", "tool": "meet"} for i in range(7)]}
+    validated = validate_plan(plan, registry)
+    result = run_plan(validated, registry, execution=NodeExecution(max_active_nodes=None))
+    assert result.status == "completed" and result.outputs == {f"n{i}": True for i in range(7)}
+    started.reset()
+    capped = run_plan(validated, registry, execution=NodeExecution(max_active_nodes=5))
+    assert set(capped.outputs.values()) == {False}
+
+
 def test_a_failed_hard_parent_skips_its_descendants(log: CallLog) -> None:
     result = run_seed(log, query_deploys={"permanent": "403 forbidden"})
     by_id = records(result)

@@ -97,6 +97,10 @@ def test_node_execution_becomes_the_node_tasks_arguments() -> None:
         "pool": "p",
     }
     assert "pool" not in NodeExecution().task_kwargs()
+    # no cap of the node task's own: Airflow's None for max_active_tis_per_dagrun
+    assert NodeExecution(max_active_nodes=None).task_kwargs()["max_active_tis_per_dagrun"] is None
+    with pytest.raises(ValueError, match=r"max_active_nodes must be an integer >= 1 or None, got 0"):
+        NodeExecution(max_active_nodes=0)
 
 
 def test_operator_args_may_not_set_what_a_setting_owns() -> None:
