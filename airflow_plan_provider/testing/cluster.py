@@ -145,6 +145,16 @@ class AirflowApiError(RuntimeError):
         self.status = status
         self.body = body
 
+    def reason(self) -> str:
+        """The status and the start of the body, on one line."""
+        return f"HTTP {self.status}: {' '.join(self.body.split())[:200]}"
+
+
+def _busy(error: AirflowApiError) -> bool:
+    """Whether an answer says the server is up but could not serve the request just now (a 5xx: on
+    SQLite, a request that waited out the database lock); a wait polls on through it."""
+    return error.status >= 500
+
 
 def worker_hostname() -> str:
     """``[core] hostname_callable`` of the cluster's Celery workers: ``$PLAN_WORKER_NAME``, else the FQDN.
@@ -823,7 +833,7 @@ class AirflowCluster:
                     self.api("GET", f"/dags/{self._q(dag_id)}/details")
                     return dag
             except AirflowApiError as exc:
-                if exc.status != 404:
+                if exc.status != 404 and not _busy(exc):
                     raise
             except OSError:
                 pass
@@ -865,12 +875,21 @@ class AirflowCluster:
         wanted = set(states)
         deadline = time.monotonic() + timeout
         state: str | None = None
+        unanswered = ""  # the last poll that got no state
         while time.monotonic() < deadline:
             self.check_alive()
-            with contextlib.suppress(OSError):
+            try:
                 state = self.get_run(dag_id, run_id)["state"]
+            except OSError as exc:
+                unanswered = f"; last poll: {exc!r}"
+            except AirflowApiError as exc:
+                if not _busy(exc):
+                    raise
+                unanswered = f"; last poll: {exc.reason()}"
+            else:
                 if state in wanted:
                     return state
+                unanswered = ""
             time.sleep(poll)
         try:
             tis = [
@@ -880,7 +899,7 @@ class AirflowCluster:
         except Exception as exc:
             tis = [f"<could not fetch task instances: {exc}>"]  # type: ignore[list-item]
         raise self._timeout(
-            f"run {dag_id}/{run_id} not in {sorted(wanted)} within {timeout}s (state={state}); "
+            f"run {dag_id}/{run_id} not in {sorted(wanted)} within {timeout}s (state={state}{unanswered}); "
             f"task instances: {tis}"
         )
 

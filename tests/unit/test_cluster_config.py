@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster, async_database_url
+from airflow_plan_provider.testing.sqlite import CONNECT_ARGS, LOCK_TIMEOUT
 
 
 def test_async_url_is_the_same_database_through_the_asyncio_driver():
@@ -51,3 +52,25 @@ def test_a_url_airflow_could_not_open_is_refused_before_anything_starts(tmp_path
     with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         AirflowCluster(tmp_path, home=tmp_path / "home", database_url=url)
     assert not (tmp_path / "home").exists()
+
+
+def test_only_a_sqlite_cluster_gets_the_sqlite_settings(tmp_path):
+    sqlite = AirflowCluster(tmp_path, home=tmp_path / "sqlite").env
+    assert (
+        sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"]
+        == "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
+    )
+    assert (
+        sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"]
+        == sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"]
+    )
+    # a task waits for the API server longer than the server waits for the lock
+    assert float(sqlite["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"]) > CONNECT_ARGS["timeout"] == LOCK_TIMEOUT
+    assert sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW"] == "-1"
+    url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
+    postgres = AirflowCluster(tmp_path, home=tmp_path / "postgres", database_url=url).env
+    assert not {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW",
+    } & set(postgres)

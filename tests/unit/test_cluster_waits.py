@@ -1,0 +1,81 @@
+"""A cluster's waits against a real HTTP server on 127.0.0.1 that answers as a busy Airflow API does:
+a 5xx (on SQLite, a request that waited out the database lock) is polled through, a 4xx is not."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster, ClusterTimeout
+
+
+class Answers:
+    """What GET .../dagRuns/<run> answers, in order (the last one again and again)."""
+
+    def __init__(self, *answers: tuple[int, dict[str, object]]) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def next(self) -> tuple[int, dict[str, object]]:
+        self.asked += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[int, list[Answers]]]:
+    current: list[Answers] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = current[0].next()
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], current
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+LOCKED = (500, {"detail": {"reason": "Database error", "message": "database is locked"}})
+
+
+def test_a_wait_polls_through_server_errors_to_the_runs_state(tmp_path, api) -> None:
+    port, current = api
+    current.append(Answers(LOCKED, LOCKED, (200, {"state": "running"}), (200, {"state": "success"})))
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
+    assert cluster.wait_for_run("d", "r", timeout=30, poll=0.01) == "success"
+    assert current[0].asked == 4
+
+
+def test_a_wait_that_only_got_server_errors_says_so_when_it_runs_out(tmp_path, api) -> None:
+    port, current = api
+    current.append(Answers(LOCKED))
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
+    with pytest.raises(ClusterTimeout, match=r"last poll: HTTP 500: .*database is locked"):
+        cluster.wait_for_run("d", "r", timeout=0.5, poll=0.01)
+    assert current[0].asked > 1
+
+
+def test_a_client_error_ends_the_wait_at_once(tmp_path, api) -> None:
+    port, current = api
+    current.append(Answers((404, {"detail": "The DagRun with dag_id: `d` and run_id: `r` was not found"})))
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
+    with pytest.raises(AirflowApiError, match="HTTP 404"):
+        cluster.wait_for_run("d", "r", timeout=30, poll=0.01)
+    assert current[0].asked == 1
