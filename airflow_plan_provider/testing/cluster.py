@@ -145,15 +145,15 @@ class AirflowApiError(RuntimeError):
         self.status = status
         self.body = body
 
+    @property
+    def busy(self) -> bool:
+        """Whether the server is up but could not serve the request just now (a 5xx: on SQLite, a
+        request that waited out the database lock); a wait polls on through it."""
+        return self.status >= 500
+
     def reason(self) -> str:
         """The status and the start of the body, on one line."""
         return f"HTTP {self.status}: {' '.join(self.body.split())[:200]}"
-
-
-def _busy(error: AirflowApiError) -> bool:
-    """Whether an answer says the server is up but could not serve the request just now (a 5xx: on
-    SQLite, a request that waited out the database lock); a wait polls on through it."""
-    return error.status >= 500
 
 
 def worker_hostname() -> str:
@@ -833,7 +833,7 @@ class AirflowCluster:
                     self.api("GET", f"/dags/{self._q(dag_id)}/details")
                     return dag
             except AirflowApiError as exc:
-                if exc.status != 404 and not _busy(exc):
+                if exc.status != 404 and not exc.busy:
                     raise
             except OSError:
                 pass
@@ -883,7 +883,7 @@ class AirflowCluster:
             except OSError as exc:
                 unanswered = f"; last poll: {exc!r}"
             except AirflowApiError as exc:
-                if not _busy(exc):
+                if not exc.busy:
                     raise
                 unanswered = f"; last poll: {exc.reason()}"
             else:

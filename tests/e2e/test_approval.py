@@ -154,8 +154,8 @@ def wait_for_request(env: Env, dag_id: str, run_id: str, timeout: float = RUN_TI
     while time.monotonic() < deadline:
         try:
             states = {t["task_id"]: t["state"] for t in env.cluster.task_instances(dag_id, run_id)}
-        except AirflowApiError as error:  # a replan run the parent has not started yet
-            if error.status != 404:
+        except AirflowApiError as error:  # a replan run the parent has not started yet, or a busy server
+            if error.status != 404 and not error.busy:
                 raise
             states = {}
         # Airflow 3.3 fails a task resumed (same try) before the scheduler has processed the executor's

@@ -79,3 +79,11 @@ def test_a_client_error_ends_the_wait_at_once(tmp_path, api) -> None:
     with pytest.raises(AirflowApiError, match="HTTP 404"):
         cluster.wait_for_run("d", "r", timeout=30, poll=0.01)
     assert current[0].asked == 1
+
+
+def test_only_a_server_error_is_busy() -> None:
+    def error(status: int) -> AirflowApiError:
+        return AirflowApiError("GET", "http://127.0.0.1/api/v2/x", status, "  some\n  body ")
+
+    assert [error(s).busy for s in (500, 503, 404, 409)] == [True, True, False, False]
+    assert error(503).reason() == "HTTP 503: some body"
