@@ -11,8 +11,9 @@ writer, wait long enough, in this order:
   write and exit on it; on a loaded 2-core machine the lock was now and then held longer than 5 s.
 * ``[workers] execution_api_timeout`` is :data:`API_TIMEOUT`, longer than that wait. A task talks to
   the database through the API server, whose request waits for the lock like any writer; with the
-  default 5 s the task gave up on a request the server went on to commit, retried it, and failed on
-  the answer (a second "success" is a conflict) or on the last retry's timeout.
+  default 5 s the task gave up on requests the server was still waiting to serve, tried them again,
+  and failed when its five tries had timed out (a retried request the server had committed meanwhile
+  fails too: a second "success" is a conflict, apache/airflow#64023).
 * :data:`API_TIMEOUT` is also how long a client of the REST API (the cluster's own, the tests') waits.
 * ``[database] sql_alchemy_max_overflow`` is :data:`MAX_OVERFLOW`, no limit on a process's connections.
   The API server serves up to 40 requests at once from a pool of 15 connections (5 and 10 overflow).
