@@ -61,7 +61,7 @@ from typing import Any, cast
 from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.testing.processes import family, pid_alive, signal_all, terminate_group
-from airflow_plan_provider.testing.sqlite import API_TIMEOUT, MAX_OVERFLOW
+from airflow_plan_provider.testing.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked
 
 __all__ = [
     "COMPONENTS",
@@ -117,6 +117,9 @@ class ClusterError(RuntimeError):
 
 #: where the SQLite connection arguments are (:mod:`airflow_plan_provider.testing.sqlite`)
 SQLITE_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
+SQLITE_API_SERVER_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.API_SERVER_CONNECT_ARGS"
+#: how often a request answered "database is locked" is sent again, a second apart
+LOCKED_TRIES = 10
 
 
 class ClusterTimeout(ClusterError):
@@ -557,6 +560,11 @@ class AirflowCluster:
         raise ValueError(f"unknown component {component!r}; expected one of {self.components}")
 
     def _component_env(self, component: str) -> dict[str, str]:
+        if component == "api-server" and self.is_sqlite:
+            return self.env | {
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": SQLITE_API_SERVER_CONNECT_ARGS,
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": SQLITE_API_SERVER_CONNECT_ARGS,
+            }
         if component not in self.workers:
             return self.env
         return self.env | {
@@ -769,11 +777,19 @@ class AirflowCluster:
         params: Mapping[str, Any] | None = None,
         ok: Iterable[int] = (200, 201, 204),
     ) -> Any:
-        """Call the API (``path`` relative to the server root, e.g. ``/api/v2/dags``); returns parsed JSON."""
+        """Call the API (``path`` relative to the server root, e.g. ``/api/v2/dags``); returns parsed JSON.
+        An answer "database is locked" (SQLite's, rolled back) is asked again, up to ``LOCKED_TRIES``
+        times."""
         if params:
             query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
             path = f"{path}?{urllib.parse.urlencode(query, doseq=True)}"
-        status, data = self._raw(method, path, body)
+        for _ in range(LOCKED_TRIES - 1):
+            status, data = self._raw(method, path, body)
+            if not locked(status, data.decode("utf-8", "replace")):
+                break
+            time.sleep(1.0)
+        else:
+            status, data = self._raw(method, path, body)
         if status in (401, 403) and self._token is None:
             self._login()
             if self._token is not None:

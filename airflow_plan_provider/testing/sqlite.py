@@ -9,6 +9,12 @@ writer, wait long enough, in this order:
   connection waits up to :data:`LOCK_TIMEOUT` for the lock before it fails with "database is locked"
   (Python's ``sqlite3`` gives up after 5 s). The triggerer and dag-processor cannot retry a failed
   write and exit on it; on a loaded 2-core machine the lock was now and then held longer than 5 s.
+* Not in the API server, which keeps sqlite3's 5 s (:data:`API_SERVER_CONNECT_ARGS`): some of its
+  asynchronous code writes through a blocking session on the event loop (the REST API's audit log, for
+  every user's write), and while that write waits for the lock no other request's session can close,
+  the one holding the lock included. Every wait there ends in a deadlock the timeout breaks, so the
+  shorter the better: the write fails with HTTP 500 "database is locked" (rolled back; the cluster's
+  client sends it again, :func:`locked`) and the server goes on.
 * ``[workers] execution_api_timeout`` is :data:`API_TIMEOUT`, longer than that wait. A task talks to
   the database through the API server, whose request waits for the lock like any writer; with the
   default 5 s the task gave up on requests the server was still waiting to serve, tried them again,
@@ -32,8 +38,17 @@ LOCK_TIMEOUT = 30.0
 #: ``sqlite3.connect`` arguments (Airflow adds ``check_same_thread``)
 CONNECT_ARGS: dict[str, Any] = {"timeout": LOCK_TIMEOUT}
 
+#: the API server's: sqlite3's own 5 s
+API_SERVER_CONNECT_ARGS: dict[str, Any] = {"timeout": 5.0}
+
 #: seconds an API client waits for an answer: the server's wait for the lock, and time to spare
 API_TIMEOUT = 2 * LOCK_TIMEOUT
 
 #: ``[database] sql_alchemy_max_overflow``: connections beyond the pool's five, -1 for no limit
 MAX_OVERFLOW = -1
+
+
+def locked(status: int, body: str) -> bool:
+    """Whether an API answer is SQLite's "database is locked" (HTTP 500): the request was rolled back,
+    and sending it again is safe."""
+    return status == 500 and "database is locked" in body

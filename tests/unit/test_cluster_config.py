@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowCluster, async_database_url
-from airflow_plan_provider.testing.sqlite import CONNECT_ARGS, LOCK_TIMEOUT
+from airflow_plan_provider.testing.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT
 
 
 def test_async_url_is_the_same_database_through_the_asyncio_driver():
@@ -67,6 +67,12 @@ def test_only_a_sqlite_cluster_gets_the_sqlite_settings(tmp_path):
     # a task waits for the API server longer than the server waits for the lock
     assert float(sqlite["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"]) > CONNECT_ARGS["timeout"] == LOCK_TIMEOUT
     assert sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW"] == "-1"
+    # but the API server keeps sqlite3's 5 s (its event loop waits for the lock)
+    api_server = AirflowCluster(tmp_path, home=tmp_path / "sqlite")._component_env("api-server")
+    assert api_server["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] == (
+        "airflow_plan_provider.testing.sqlite.API_SERVER_CONNECT_ARGS"
+    )
+    assert API_SERVER_CONNECT_ARGS["timeout"] == 5.0
     url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
     postgres = AirflowCluster(tmp_path, home=tmp_path / "postgres", database_url=url).env
     assert not {

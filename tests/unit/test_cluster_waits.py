@@ -1,5 +1,5 @@
-"""A cluster's waits against a real HTTP server on 127.0.0.1 that answers as a busy Airflow API does:
-a 5xx (on SQLite, a request that waited out the database lock) is polled through, a 4xx is not."""
+"""A cluster's requests and waits against a real HTTP server on 127.0.0.1 that answers as a busy
+Airflow API does: "database is locked" is asked again, a wait polls through a 5xx, a 4xx ends it."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def api() -> Iterator[tuple[int, list[Answers]]]:
     current: list[Answers] = []
 
     class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.do_GET()
+
         def do_GET(self) -> None:
             status, body = current[0].next()
             data = json.dumps(body).encode()
@@ -65,9 +69,9 @@ def test_a_wait_polls_through_server_errors_to_the_runs_state(tmp_path, api) -> 
 
 def test_a_wait_that_only_got_server_errors_says_so_when_it_runs_out(tmp_path, api) -> None:
     port, current = api
-    current.append(Answers(LOCKED))
+    current.append(Answers((503, {"detail": "the scheduler is not healthy"})))
     cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
-    with pytest.raises(ClusterTimeout, match=r"last poll: HTTP 500: .*database is locked"):
+    with pytest.raises(ClusterTimeout, match=r"last poll: HTTP 503: .*the scheduler is not healthy"):
         cluster.wait_for_run("d", "r", timeout=0.5, poll=0.01)
     assert current[0].asked > 1
 
@@ -87,3 +91,16 @@ def test_only_a_server_error_is_busy() -> None:
 
     assert [error(s).busy for s in (500, 503, 404, 409)] == [True, True, False, False]
     assert error(503).reason() == "HTTP 503: some body"
+
+
+def test_a_request_answered_database_is_locked_is_sent_again(tmp_path, api) -> None:
+    port, current = api
+    current.append(Answers(LOCKED, LOCKED, (200, {"dag_run_id": "manual__1"})))
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
+    assert cluster.trigger("d", {"goal": "g"}) == "manual__1"
+    assert current[0].asked == 3
+    other = (500, {"detail": {"reason": "Database error", "message": "no such table: dag_run"}})
+    current[0] = Answers(other)
+    with pytest.raises(AirflowApiError, match="no such table"):
+        cluster.trigger("d", {"goal": "g"})
+    assert current[0].asked == 1
