@@ -118,6 +118,16 @@ class ClusterError(RuntimeError):
 #: where the SQLite connection arguments are (:mod:`airflow_plan_provider.testing.sqlite`)
 SQLITE_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
 SQLITE_API_SERVER_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.API_SERVER_CONNECT_ARGS"
+
+
+def _connect_args(where: str) -> dict[str, str]:
+    """``[database] sql_alchemy_connect_args`` and its ``_async`` twin, both ``where``."""
+    return {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": where,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": where,
+    }
+
+
 #: how often a request answered "database is locked" is sent again, a second apart
 LOCKED_TRIES = 10
 
@@ -363,8 +373,7 @@ class AirflowCluster:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.async_database_url,
             **(
                 {
-                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": SQLITE_CONNECT_ARGS,
-                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": SQLITE_CONNECT_ARGS,
+                    **_connect_args(SQLITE_CONNECT_ARGS),
                     "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(API_TIMEOUT),
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW": str(MAX_OVERFLOW),
                 }
@@ -561,10 +570,7 @@ class AirflowCluster:
 
     def _component_env(self, component: str) -> dict[str, str]:
         if component == "api-server" and self.is_sqlite:
-            return self.env | {
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": SQLITE_API_SERVER_CONNECT_ARGS,
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": SQLITE_API_SERVER_CONNECT_ARGS,
-            }
+            return self.env | _connect_args(SQLITE_API_SERVER_CONNECT_ARGS)
         if component not in self.workers:
             return self.env
         return self.env | {
@@ -783,12 +789,11 @@ class AirflowCluster:
         if params:
             query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
             path = f"{path}?{urllib.parse.urlencode(query, doseq=True)}"
+        status, data = self._raw(method, path, body)
         for _ in range(LOCKED_TRIES - 1):
-            status, data = self._raw(method, path, body)
             if not locked(status, data.decode("utf-8", "replace")):
                 break
             time.sleep(1.0)
-        else:
             status, data = self._raw(method, path, body)
         if status in (401, 403) and self._token is None:
             self._login()

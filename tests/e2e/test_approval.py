@@ -28,7 +28,7 @@ import pytest
 
 from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.sqlite import API_TIMEOUT
+from airflow_plan_provider.testing.sqlite import API_TIMEOUT, locked
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
@@ -179,7 +179,7 @@ def answer(env: Env, user: str, dag_id: str, run_id: str, option: str) -> tuple[
         status, body = env.as_user(user, "PATCH", hitl_path(dag_id, run_id), {"chosen_options": [option]})
         if status == 409 and attempt:
             return 200, body
-        if not (status == 500 and "database is locked" in str(body)):
+        if not locked(status, str(body)):
             return status, body
         time.sleep(1)
     return status, body

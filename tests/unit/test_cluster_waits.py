@@ -14,7 +14,7 @@ from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluste
 
 
 class Answers:
-    """What GET .../dagRuns/<run> answers, in order (the last one again and again)."""
+    """What the server answers any request, in order (the last one again and again)."""
 
     def __init__(self, *answers: tuple[int, dict[str, object]]) -> None:
         self.answers = list(answers)
