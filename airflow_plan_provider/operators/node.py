@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
@@ -23,14 +23,12 @@ from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     NODE_KEY,
     group_prefix,
-    locations,
-    node_tasks,
     pull_locked,
     pull_node_records,
     pull_plan,
     pull_run_context,
-    task_id_in,
 )
+from airflow_plan_provider.operators.node_wait import SlotWait
 from airflow_plan_provider.operators.run_report import node_label
 from airflow_plan_provider.plan.budgets import step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
@@ -39,21 +37,9 @@ from airflow_plan_provider.plan.events import EventSource, make_event, outcome_e
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
 from airflow_plan_provider.plan.result import Event, NodeRecord, now, summarize
 from airflow_plan_provider.plan.session import RunContext
+from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
-from airflow_plan_provider.triggers.parents import (
-    ACTIVE,
-    FINISHED,
-    POLL_FAR,
-    POLL_NEAR,
-    ParentsFinishedTrigger,
-    ParentsWait,
-    generations,
-    parent_states,
-    parents_wait,
-    poll_pause,
-    steps_aside,
-)
 from airflow_plan_provider.triggers.payloads import JobOutcome, validate_job_event, validate_parents_event
 
 if TYPE_CHECKING:
@@ -62,15 +48,6 @@ if TYPE_CHECKING:
 NODE_LABEL = "plan_node_label"
 POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
-# Seconds a node that made way waits before it looks again. Not less than 5: Airflow (3.3) fails a
-# rescheduled instance that is queued again before the executor's report of its previous exit reaches
-# the scheduler ("finished with state success, but the task instance's state attribute is queued",
-# apache/airflow#71172): that report comes about 1-2 s after the exit, later under load, and a failure
-# there costs the node one of its retries, or the node itself when it has none.
-MAKE_WAY_FIRST, MAKE_WAY_MAX = 5.0, 20.0
-# The most nodes a plan may have for its waiting nodes to read every instance's state in one request (a
-# 500-node plan's reads took 11 s each on PostgreSQL and stalled the run; one instance's took 30 ms).
-READ_ALL_STATES_UP_TO = 100
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 
@@ -350,135 +327,40 @@ class PlanNodeOperator(BaseOperator):
 
     def _await_parents(self, run: NodeRun, context: Context) -> dict[str, NodeRecord]:
         """Return once every parent has finished, with the records of the parents whose result was
-        picked up from their checkpoints (the others' records are in XCom by then).
-
-        Until then the node polls its parents' task states (one request, with the grandparents' states)
-        for at most ``slot_wait`` seconds; then it defers to the triggerer, or makes way for a parent
-        that needs a slot (reschedules this instance), as
-        :func:`~airflow_plan_provider.triggers.parents.parents_wait` decides. While the parents run their
-        tools (every grandparent finished) it also looks for their checkpoints every ``POLL_NEAR``
-        seconds: a parent saves its checkpoint the moment its tool returns, before it pushes its record
-        and its task ends (metadata database writes that take up to a second or more on a busy
-        database), so the node starts without waiting for those. Only a checkpoint saved in this run
-        counts: it says the parent called its tool here and succeeded. The states are then read every
-        ``POLL_FAR`` seconds (they still tell a failed, skipped or retrying parent), and every
-        ``POLL_NEAR`` seconds when the DAG keeps no checkpoints (see
-        :func:`~airflow_plan_provider.triggers.parents.poll_pause`). When a node of its task is ready to
-        run but has no slot, a waiting node gives it its own and waits on the triggerer instead
-        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`; in a plan of at most
-        ``READ_ALL_STATES_UP_TO`` nodes, whose every state one read returns).
-        """
-        plan = run.plan
-        parent_ids = plan.parents[run.node.id]
-        if not parent_ids:
-            return {}
-        ti = run.ti
-        instances = {node: self._where(run, [node]) for node in parent_ids}  # parent → its instance
-        tasks = self._where(run, parent_ids)
-        grandparents = self._where(
-            run, sorted({node for parent in parent_ids for node in plan.parents[parent]})
+        picked up from their checkpoints (the others' records are in XCom by then); or defer, step
+        aside or make way as the waiting policy decides (:class:`~.node_wait.SlotWait` reads the states
+        and applies :mod:`airflow_plan_provider.plan.waiting`, which says when and why)."""
+        waiting = SlotWait(
+            ti=run.ti,
+            plan=run.plan,
+            run_context=run.run_context,
+            node_id=run.node.id,
+            policy=WaitingPolicy(slot_wait=self.slot_wait),
+            log=self.log,
+            pick_up=lambda node_ids: self._checkpoints_of_this_run(run, node_ids),
+            checkpoints=self.checkpoints,
+            made_way=int(context.get("task_reschedule_count") or 0),
+            task_cap=self.max_active_tis_per_dagrun,
         )
-        large = len(plan.nodes) > READ_ALL_STATES_UP_TO
-        picked: dict[str, NodeRecord] = {}
-        began = now_ = time.monotonic()
-        read_states_at = began
-        while True:
-            if now_ >= read_states_at:
-                # with its own task's states (one request reads every instance; one by one, none)
-                found = _read_states(ti, {ti.task_id: [], **tasks}, grandparents, one_by_one=large)
-                waited = now_ - began
-                decision = parents_wait(parent_states(found, ti.run_id, tasks), waited, self.slot_wait)
-                if decision is ParentsWait.READY:
-                    if waited >= POLL_NEAR:
-                        self.log.info(
-                            "node %s: parents finished after %.1f s in its slot", run.node.id, waited
-                        )
-                    return picked
-                if decision is ParentsWait.MAKE_WAY:
-                    self._make_way(run, context)
-                if decision is ParentsWait.DEFER:
-                    self.log.info(
-                        "node %s: parents still running after %.1f s; waiting on the triggerer",
-                        run.node.id,
-                        waited,
-                    )
-                    self.defer(
-                        trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
-                        method_name="resume_after_parents",
-                    )
-                states = found.get(ti.run_id, {})
-                if not large and self._steps_aside(run, states):
-                    self.log.info(
-                        "node %s: a node ready to run waits for a slot; this node gives it its own and "
-                        "waits for its parents on the triggerer",
-                        run.node.id,
-                    )
-                    self.defer(
-                        trigger=ParentsFinishedTrigger(dag_id=ti.dag_id, run_id=ti.run_id, parents=tasks),
-                        method_name="resume_after_parents",
-                    )
-                running = [
-                    p for p in parent_ids if parent_states(found, ti.run_id, instances[p])[0] not in FINISHED
-                ]
-                # None for a grandparent not read (a large plan's reads): its nodes poll at the far pace
-                grandparent_states = parent_states(found, ti.run_id, grandparents)
-                near = all(state in FINISHED for state in grandparent_states)
-                read_states_at = now_ + poll_pause(
-                    grandparent_states,
-                    rows=len(states),
-                    pollers=sum(state == "running" for state in states.values()),
-                    checkpoints=self.checkpoints,
-                    waiting_generations=2 if large else self._generations(run, states),
-                )
-            if near and self.checkpoints:
-                picked.update(self._checkpoints_of_this_run(run, [p for p in running if p not in picked]))
-                if all(p in picked for p in running):
-                    self.log.info(
-                        "node %s: parents' results picked up from their checkpoints after %.1f s in its slot",
-                        run.node.id,
-                        time.monotonic() - began,
-                    )
-                    return picked
-            time.sleep(max(0.0, min(POLL_NEAR if near else POLL_FAR, read_states_at - time.monotonic())))
-            now_ = time.monotonic()
-
-    @staticmethod
-    def _where(run: NodeRun, node_ids: Iterable[str]) -> dict[str, list[int]]:
-        """Task id (with the group's prefix) → the map indexes of ``node_ids``' instances."""
-        found = locations(run.plan, run.run_context, node_ids)
-        return {task_id_in(run.ti, task): indexes for task, indexes in found.items()}
-
-    @staticmethod
-    def _state_of(run: NodeRun, states: dict[str, Any]) -> Callable[[str], str | None]:
-        """Node id → its task instance's state in the ``states`` read (Airflow's ``task_map`` keys);
-        None for a node without one, or whose task was not read."""
-        prefix = group_prefix(getattr(run.ti, "task", None))
-        where = {
-            node: f"{prefix}{task}_{index}"
-            for task, nodes in node_tasks(run.plan, run.run_context).items()
-            for index, node in enumerate(nodes)
-        }
-        return lambda node: states.get(where[node])
-
-    def _generations(self, run: NodeRun, states: dict[str, Any]) -> int:
-        """:func:`~airflow_plan_provider.triggers.parents.generations` of this node by the ``states``
-        read (a node of a task not read counts as waiting: a far node may then pause longer, never a
-        near one)."""
-        return generations(run.node.id, run.plan.parents, self._state_of(run, states))
-
-    def _steps_aside(self, run: NodeRun, states: dict[str, Any]) -> bool:
-        """Whether this waiting node gives its slot to a ready node of its task that has none
-        (:func:`~airflow_plan_provider.triggers.parents.steps_aside`), judged by the ``states`` read.
-        Never while the task's own cap (``max_active_nodes``) is full: Airflow counts a deferred
-        instance under it, so stepping aside would free no slot the ready node could take."""
-        own = run.ti.task_id
-        prefix = group_prefix(getattr(run.ti, "task", None))
-        cap = self.max_active_tis_per_dagrun
-        active = sum(state in ACTIVE for key, state in states.items() if key.rpartition("_")[0] == own)
-        if cap is not None and active >= cap:
-            return False
-        queue = node_tasks(run.plan, run.run_context).get(own.removeprefix(prefix), [])
-        return steps_aside(run.node.id, queue, run.plan.parents, self._state_of(run, states))
+        move = waiting.wait()
+        if move.kind is Wait.READY:
+            return waiting.picked
+        if move.kind is Wait.MAKE_WAY:
+            self.log.info(
+                "node %s: a parent waits for a slot or a retry; this node makes way and looks again in %s s",
+                run.node.id,
+                move.after,
+            )
+            raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=move.after))
+        if move.kind is Wait.STEP_ASIDE:
+            self.log.info(
+                "node %s: a node ready to run waits for a slot; this node gives it its own and waits for "
+                "its parents on the triggerer",
+                run.node.id,
+            )
+        else:
+            self.log.info("node %s: parents still running; waiting on the triggerer", run.node.id)
+        self.defer(trigger=waiting.trigger(), method_name="resume_after_parents")
 
     def _checkpoints_of_this_run(self, run: NodeRun, node_ids: Iterable[str]) -> dict[str, NodeRecord]:
         """The records of the nodes among ``node_ids`` whose checkpoint was saved in this run. A store
@@ -495,16 +377,6 @@ class PlanNodeOperator(BaseOperator):
                     node_id=node_id, status=NodeStatus.SUCCESS, **_checkpointed(saved)
                 )
         return records
-
-    def _make_way(self, run: NodeRun, context: Context) -> NoReturn:
-        made_way = min(int(context.get("task_reschedule_count") or 0), 8)
-        delay = min(MAKE_WAY_FIRST * 2**made_way, MAKE_WAY_MAX)
-        self.log.info(
-            "node %s: a parent waits for a slot or a retry; this node makes way and looks again in %s s",
-            run.node.id,
-            delay,
-        )
-        raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=delay))
 
     def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
@@ -642,29 +514,3 @@ def _hostname(ti: Any) -> str:
 def _checkpointed(saved: dict[str, Any]) -> dict[str, Any]:
     """The fields of a node's record that its checkpoint gives back (:data:`CHECKPOINT_FIELDS`)."""
     return {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
-
-
-def _read_states(
-    ti: Any, tasks: dict[str, list[int]], grandparents: dict[str, list[int]], *, one_by_one: bool
-) -> dict[str, Any]:
-    """The states of the parents' instances ``tasks`` and of the grandparents' ``grandparents`` in this
-    run, as ``RuntimeTaskInstance.get_task_states`` returns them: in one request, which returns every
-    instance of the tasks asked for; or, ``one_by_one``, only the parents', one instance per request
-    (Airflow's API server loads each instance as a full task-instance row: in a plan of 500 nodes a
-    read of all took 11 s on PostgreSQL and stalled the run, one instance's 30 ms)."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    if not one_by_one:
-        return dict(
-            RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=sorted({*tasks, *grandparents}), run_ids=[ti.run_id]
-            )
-        )
-    found: dict[str, Any] = {ti.run_id: {}}
-    for task, indexes in tasks.items():
-        for index in indexes:
-            state = RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index
-            )
-            found[ti.run_id].update(state.get(ti.run_id, {}))
-    return found

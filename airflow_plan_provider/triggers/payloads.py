@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_plan_provider.exceptions import TriggerEventError
+from airflow_plan_provider.plan.waiting import Wait
 
 JOB_STATUSES = ("done", "failed", "timeout")
-PARENTS_READY = "ready"  # every parent finished
-PARENTS_MAKE_WAY = "make_way"  # a parent needs a slot again: the deferred node lets go of its task's cap
-PARENTS_STATUSES = (PARENTS_READY, PARENTS_MAKE_WAY)
+#: what the parents trigger sends: every parent finished, or one needs a slot again (the deferred node
+#: lets go of its task's cap)
+PARENTS_STATUSES = (Wait.READY.value, Wait.MAKE_WAY.value)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A plan larger than one state read should cover: its waiting nodes read their parents' states one
-instance at a time (``READ_ALL_STATES_UP_TO``), and the nodes still see their parents finish."""
+instance at a time (``WaitingPolicy.read_all_states_up_to``), and the nodes still see their parents finish."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import Budgets, NodeExecution
-from airflow_plan_provider.operators.node import READ_ALL_STATES_UP_TO
+from airflow_plan_provider.plan.waiting import WaitingPolicy
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 
 pytestmark = pytest.mark.airflow
 
+READ_ALL_STATES_UP_TO = WaitingPolicy().read_all_states_up_to
 WIDTH = READ_ALL_STATES_UP_TO  # children of the two roots: a plan of WIDTH + 2 nodes
 
 

@@ -16,9 +16,10 @@ import pytest
 def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
     cap: int | None, expected: bool
 ) -> None:
-    from airflow_plan_provider.operators.node import NodeRun, PlanNodeOperator
+    from airflow_plan_provider.operators.node_wait import SlotWait
     from airflow_plan_provider.plan.session import RunContext
     from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
 
     # r → a → b; root x; z depends on x. x finished, z is ready and waits for a slot while r runs its
     # tool and a and b wait in theirs: b (a far waiter) is the node that gives z its slot. Airflow
@@ -35,9 +36,18 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
     states = {f"nodes_{index}": state[node] for index, node in enumerate(order)}
 
     def steps_aside(node: str) -> bool:
+        """What the node's wait in its slot makes of this read (the state keys, the task's cap)."""
         ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="nodes", task=None, try_number=1)
-        run = NodeRun(ti, plan, plan.node(node), RunContext(), {}, logging.getLogger("t"))
-        operator = PlanNodeOperator(task_id="nodes", plan_node=node, max_active_tis_per_dagrun=cap)
-        return operator._steps_aside(run, states)
+        waiting = SlotWait(
+            ti=ti,
+            plan=plan,
+            run_context=RunContext(),
+            node_id=node,
+            policy=WaitingPolicy(),
+            log=logging.getLogger("t"),
+            pick_up=lambda node_ids: {},
+            task_cap=cap,
+        )
+        return waiting.policy.next_move(waiting._view(states, waited=0.0)).kind is Wait.STEP_ASIDE
 
     assert [n for n in order if steps_aside(n)] == (["b"] if expected else [])
