@@ -1,0 +1,624 @@
+"""A deterministic discrete-event model of Airflow's slot hand-out to a plan DAG's node instances.
+
+One heap of ``(time, seq, callback, args)``; ``seq`` breaks ties in the order events were made, so a
+run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/scheduler_job_runner.py``):
+
+- a scheduler loop (CPU ``loop_cpu``, then ``loop_sleep``) that expands a run's node task when its
+  ``plan`` task ended, schedules instances whose reschedule date or retry delay passed (and, for a
+  static DAG, tasks whose upstream finished), then queues scheduled instances in the order
+  ``-priority_weight, logical_date, map_index`` (``_executable_task_instances_to_queued``), at most
+  ``max_tis_per_query`` and the executor's free ``parallelism`` a loop, skipping an instance whose pool,
+  DAG run (``max_active_tasks``: queued and running instances) or task (``max_active_tis_per_dagrun``:
+  queued, running and deferred, ``ConcurrencyMap.load``) is full;
+- a queued instance's process: executor pick-up (``start_date``), start-up CPU, then the node's waiting
+  loop: read the states (CPU), ask the policy (:mod:`bench.simulator.policy`), then wait in the slot
+  (reading again, or picking its running parents' checkpoints up), defer (its trigger polls on the
+  triggerer), step aside (defer), make way (``up_for_reschedule``, scheduled again after the delay), or
+  run its tool; after the tool, the record push and task end (CPU) free the slot;
+- a tool that fails transiently: ``up_for_retry``, scheduled again ``retry_delay`` later, until its
+  retries are spent (then ``failed``, and its children skip);
+- apache/airflow#71172: an instance rescheduled and queued again before the executor's report of its
+  previous exit (``report_latency``) fails its try;
+- CPU work (process starts, state reads, task ends, scheduler loops) shared by every process on
+  ``cores`` cores (processor sharing), or, with ``cores`` = 0, each part taking its own time.
+
+What it simplifies is listed in ``bench/README.md`` ("Simulator").
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
+from bench.simulator.policy import Kind, Policy, View
+
+FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+FAILED = frozenset({"failed", "skipped", "upstream_failed"})
+IN_SLOT = frozenset({"queued", "running"})
+UNDER_TASK_CAP = frozenset({"queued", "running", "deferred"})
+NODES = "nodes"
+
+
+class Ti:
+    """One task instance: a node of one run, or its run's ``plan`` / ``finalize`` task."""
+
+    __slots__ = (
+        "run", "node", "task", "index", "key", "state", "try_number", "reschedules", "token", "began",
+        "read_at", "awaited", "pace", "origin", "wait_token", "exited_at", "slot_since", "parents_left",
+    )  # fmt: skip
+
+    def __init__(self, run: Run, node: str, task: str, index: int, weight: int) -> None:
+        self.run, self.node, self.task, self.index = run, node, task, index
+        self.key = (-weight, run.index, index, task)
+        self.state: str | None = None
+        self.try_number, self.reschedules, self.token, self.wait_token = 1, 0, 0, 0
+        self.began = self.read_at = self.origin = self.slot_since = 0.0
+        self.awaited: list[str] = []
+        self.pace: float | None = None
+        self.exited_at: float | None = None
+        self.parents_left = 0
+
+
+class Run:
+    def __init__(self, index: int, plan: SimPlan, trigger_at: float, static: bool) -> None:
+        self.index, self.plan, self.trigger_at, self.static = index, plan, trigger_at, static
+        order = plan.order
+        self.tasks: dict[str, list[str]] = {}
+        for node in order:
+            self.tasks.setdefault(task_of(plan, node), []).append(node)
+        self.weights = {n: 1 + d for n, d in plan.descendants().items()} if static else {}
+        self.tis: dict[str, Ti] = {}
+        self.dag_active = 0
+        self.task_active: dict[str, int] = {}
+        self.tool_done: set[str] = set()
+        self.watchers: dict[str, list[Ti]] = {}
+        self.unfinished = len(order)
+        self.expanded = self.planned = False
+        self.start: float | None = None
+        self.end: float | None = None
+        self.finalizing = False
+
+
+def task_of(plan: SimPlan, node: str) -> str:
+    lane = plan.lanes.get(node)
+    return f"{NODES}__{lane}" if lane else NODES
+
+
+@dataclass
+class Outcome:
+    """What one simulation did. ``makespans``: per run, the first task's start to the last task's end
+    (``plan`` → ``finalize`` for a plan DAG); ``deadlock``: why the run could not finish (None: it did);
+    ``waiting``: slot-seconds nodes spent waiting for parents in a slot; ``given_back``: slot-seconds of
+    processes that gave their slot back (deferred, stepped aside, made way) before they waited;
+    ``processes``: node task processes started."""
+
+    makespans: list[float] = field(default_factory=list)
+    deadlock: str | None = None
+    time: float = 0.0
+    finished: int = 0
+    nodes: int = 0
+    waiting: float = 0.0
+    given_back: float = 0.0
+    processes: int = 0
+    slot_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    moves: dict[str, int] = field(default_factory=dict)
+    events: int = 0
+    failed_by_race: int = 0
+
+    @property
+    def makespan(self) -> float:
+        return max(self.makespans, default=math.inf)
+
+    @property
+    def wasted(self) -> float:
+        return self.waiting + self.given_back
+
+
+class Cpu:
+    """Processor sharing on ``cores`` cores with a virtual clock: every job progresses at the same rate
+    min(1, cores / jobs), so a job of ``work`` CPU-seconds ends when the virtual clock passed its start
+    plus ``work``."""
+
+    def __init__(self, sim: Simulation, cores: float) -> None:
+        self.sim, self.cores = sim, cores
+        self.virtual = self.at = 0.0
+        self.jobs: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.version = 0
+
+    def rate(self) -> float:
+        return 1.0 if len(self.jobs) <= self.cores else self.cores / len(self.jobs)
+
+    def _advance(self, now: float) -> None:
+        if self.jobs:
+            self.virtual += (now - self.at) * self.rate()
+        self.at = now
+
+    def submit(self, work: float, callback: Callable[..., None], *args: Any) -> None:
+        now = self.sim.now
+        if self.cores <= 0:
+            self.sim.at(now + work, callback, *args)
+            return
+        self._advance(now)
+        heapq.heappush(self.jobs, (self.virtual + work, self.sim.next_seq(), callback, args))
+        self._wake(now)
+
+    def _wake(self, now: float) -> None:
+        self.version += 1
+        if self.jobs:
+            self.sim.at(now + max(0.0, (self.jobs[0][0] - self.virtual) / self.rate()), self._tick, self.version)
+
+    def _tick(self, version: int) -> None:
+        if version != self.version:
+            return
+        now = self.sim.now
+        self._advance(now)
+        done = []
+        while self.jobs and self.jobs[0][0] <= self.virtual + 1e-9:
+            done.append(heapq.heappop(self.jobs))
+        self._wake(now)
+        for _, _, callback, args in done:
+            callback(*args)
+
+
+class Simulation:
+    """One deployment running ``plans`` (one run each, triggered ``run_gap`` seconds apart) as plan
+    DAGs whose nodes follow ``policy`` (or, ``static``, as static DAGs: one task per node, scheduled
+    when its upstream finished)."""
+
+    def __init__(
+        self,
+        plans: Sequence[SimPlan],
+        policy: Policy,
+        caps: Caps = Caps(),  # noqa: B008  # frozen
+        costs: Costs = Costs(),  # noqa: B008  # frozen
+        *,
+        static: bool = False,
+        checkpoints: bool = True,
+        run_gap: float = 0.0,
+        quiet_bound: float | None = None,
+        time_bound: float | None = None,
+    ) -> None:
+        self.policy, self.caps, self.costs, self.static, self.checkpoints = policy, caps, costs, static, checkpoints
+        self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.cpu = Cpu(self, costs.cores)
+        self.runs = [Run(i, plan, i * run_gap, static) for i, plan in enumerate(plans)]
+        self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []
+        self.scheduled_per: dict[tuple[int, str], int] = {}
+        self.due: list[tuple[float, int, Ti]] = []
+        self.executor_used = 0
+        self.pool_used: dict[str, int] = {}
+        self.last_change = 0.0
+        self.out = Outcome(nodes=sum(len(p.parents) for p in plans))
+        self.ended: dict[int, list[float]] = {}
+        longest = max((s for p in plans for s in p.seconds.values()), default=0.0)
+        self.quiet_bound = quiet_bound or 2 * longest + 600.0
+        cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
+        bound = sum(list_scheduling_bound(p, cap) for p in plans)
+        tries = 1 + caps.retries
+        per_node = 60.0 * tries * sum(len(p.parents) for p in plans) / cap
+        self.time_bound = time_bound or 10 * bound + per_node + 600.0
+
+    # ---------------------------------------------------------------------------- event machinery
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def at(self, when: float, callback: Callable[..., None], *args: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (when, self.seq, callback, args))
+
+    def run(self) -> Outcome:
+        self.at(0.0, self._loop)
+        out = self.out
+        while self.heap:
+            when, _, callback, args = heapq.heappop(self.heap)
+            self.now = when
+            callback(*args)
+            out.events += 1
+            if all(r.end is not None for r in self.runs):
+                break
+            if when - self.last_change > self.quiet_bound:
+                out.deadlock = f"no state changed for {when - self.last_change:.0f} s"
+                break
+            if when > self.time_bound:
+                out.deadlock = f"not finished after {when:.0f} s (bound {self.time_bound:.0f} s)"
+                break
+        out.time = self.now
+        out.makespans = [r.end - r.start for r in self.runs if r.end is not None and r.start is not None]
+        out.finished = sum(len(r.plan.parents) - r.unfinished for r in self.runs)
+        if out.deadlock is None and out.finished < out.nodes:
+            out.deadlock = "no event left"
+        return out
+
+    # ---------------------------------------------------------------------------- states and caps
+
+    def _pool(self, ti: Ti) -> tuple[str, int | None]:
+        lane = ti.run.plan.lanes.get(ti.node)
+        if lane is not None and ti.task != "plan" and ti.task != "finalize":
+            return lane, self.caps.lane_pools.get(lane)
+        if ti.task in ("plan", "finalize"):
+            return "default", None
+        return "nodes", self.caps.pool
+
+    def _pool_holds(self, state: str | None) -> bool:
+        return state in IN_SLOT or (state == "deferred" and self.caps.pool_counts_deferred)
+
+    def set_state(self, ti: Ti, new: str | None) -> None:
+        old, run = ti.state, ti.run
+        if old == new:
+            return
+        pool, _ = self._pool(ti)
+        if old in IN_SLOT:
+            run.dag_active -= 1
+            self.executor_used -= 1
+            if new not in IN_SLOT:
+                self.out.slot_seconds += self.now - ti.slot_since
+        if old in UNDER_TASK_CAP:
+            run.task_active[ti.task] -= 1
+        if self._pool_holds(old):
+            self.pool_used[pool] -= 1
+        if old == "scheduled":
+            at = bisect.bisect_left(self.scheduled, ti.key, key=lambda item: item[0])
+            del self.scheduled[at]
+            self.scheduled_per[(run.index, ti.task)] -= 1
+        if new in IN_SLOT:
+            run.dag_active += 1
+            self.executor_used += 1
+            if old not in IN_SLOT:
+                ti.slot_since = self.now
+        if new in UNDER_TASK_CAP:
+            run.task_active[ti.task] = run.task_active.get(ti.task, 0) + 1
+        if self._pool_holds(new):
+            self.pool_used[pool] = self.pool_used.get(pool, 0) + 1
+        if new == "scheduled":
+            bisect.insort(self.scheduled, (ti.key, ti), key=lambda item: item[0])
+            k = (run.index, ti.task)
+            self.scheduled_per[k] = self.scheduled_per.get(k, 0) + 1
+        ti.state = new
+        ti.token += 1
+        self.last_change = self.now
+        if new in FINISHED and ti.task not in ("plan", "finalize"):
+            run.unfinished -= 1
+            if run.static:
+                for child in self._children(run, ti.node):
+                    child.parents_left -= 1
+                    if child.parents_left == 0:
+                        self._due(self.now, child)
+
+    def _children(self, run: Run, node: str) -> list[Ti]:
+        if not hasattr(run, "children"):
+            children: dict[str, list[str]] = {n: [] for n in run.plan.parents}
+            for n, ps in run.plan.parents.items():
+                for p in ps:
+                    children[p].append(n)
+            run.children = children  # type: ignore[attr-defined]
+        return [run.tis[c] for c in run.children[node]]  # type: ignore[attr-defined]
+
+    def _due(self, when: float, ti: Ti) -> None:
+        self.seq += 1
+        heapq.heappush(self.due, (when, self.seq, ti))
+
+    # ---------------------------------------------------------------------------- the scheduler
+
+    def _loop(self) -> None:
+        self.cpu.submit(self.costs.loop_cpu, self._loop_body)
+
+    def _loop_body(self) -> None:
+        now = self.now
+        for run in self.runs:
+            if run.trigger_at <= now and "plan" not in run.tis and not run.static:
+                ti = run.tis["plan"] = Ti(run, "plan", "plan", -1, 10**9)
+                self.set_state(ti, "scheduled")
+            if (run.planned or (run.static and run.trigger_at <= now)) and not run.expanded:
+                self._expand(run)
+            if run.expanded and run.unfinished == 0 and not run.finalizing:
+                run.finalizing = True
+                if run.static:
+                    run.end = max(self.ended.get(run.index, [now]))
+                else:
+                    ti = run.tis["finalize"] = Ti(run, "finalize", "finalize", -1, 10**9)
+                    self.set_state(ti, "scheduled")
+        while self.due and self.due[0][0] <= now:
+            _, _, ti = heapq.heappop(self.due)
+            if ti.run.static and ti.state is None:
+                parents = ti.run.plan.parents[ti.node]
+                failed = any(ti.run.tis[p].state in FAILED for p in parents)
+                self.set_state(ti, "upstream_failed" if failed else "scheduled")
+            elif ti.state in ("up_for_retry", "up_for_reschedule"):
+                self.set_state(ti, "scheduled")
+        self._queue()
+        self.at(now + self.costs.loop_sleep, self._loop)
+
+    def _expand(self, run: Run) -> None:
+        run.expanded = True
+        for task, nodes in run.tasks.items():
+            for index, node in enumerate(nodes):
+                ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
+                ti.parents_left = len(run.plan.parents[node])
+        for node, ti in run.tis.items():
+            if node in ("plan", "finalize"):
+                continue
+            if run.static:
+                if ti.parents_left == 0:
+                    self.set_state(ti, "scheduled")
+            else:
+                self.set_state(ti, "scheduled")
+
+    def _queue(self) -> None:
+        caps = self.caps
+        budget = min(caps.max_tis_per_query, caps.parallelism - self.executor_used)
+        blocked: set[tuple[int, str]] = set()
+        keys = sum(1 for count in self.scheduled_per.values() if count)
+        picked: list[Ti] = []
+        pool_used = dict(self.pool_used)
+        for _, ti in self.scheduled:
+            if len(picked) >= budget or len(blocked) >= keys:
+                break
+            run, k = ti.run, (ti.run.index, ti.task)
+            if k in blocked:
+                continue
+            pool, slots = self._pool(ti)
+            dag_cap = caps.dag_cap
+            task_cap = caps.task_cap if ti.task.startswith(NODES) else None
+            if (
+                (slots is not None and pool_used.get(pool, 0) >= slots)
+                or run.dag_active + sum(1 for p in picked if p.run is run) >= dag_cap
+                or (
+                    task_cap is not None
+                    and run.task_active.get(ti.task, 0) + sum(1 for p in picked if p.run is run and p.task == ti.task)
+                    >= task_cap
+                )
+            ):
+                blocked.add(k)
+                continue
+            pool_used[pool] = pool_used.get(pool, 0) + 1
+            picked.append(ti)
+        for ti in picked:
+            self._queued(ti)
+
+    # ---------------------------------------------------------------------------- a task process
+
+    def _queued(self, ti: Ti) -> None:
+        self.set_state(ti, "queued")
+        if ti.exited_at is not None and self.now < ti.exited_at + self.costs.report_latency:
+            self.at(ti.exited_at + self.costs.report_latency, self._race, ti, ti.slot_since)
+        self.at(self.now + self.costs.queue_latency, self._process, ti, ti.token)
+
+    def _race(self, ti: Ti, queued_at: float) -> None:
+        """The executor's report of the previous exit finds the instance queued again: Airflow fails the
+        try (apache/airflow#71172)."""
+        if ti.state in IN_SLOT and ti.slot_since == queued_at:
+            self.out.failed_by_race += 1
+            self._try_failed(ti)
+
+    def _process(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        self.set_state(ti, "running")
+        run = ti.run
+        if run.start is None:
+            run.start = self.now
+        if ti.task not in ("plan", "finalize"):
+            self.out.processes += 1
+        factor = self.costs.static_start_factor if run.static else 1.0
+        self.cpu.submit(self.costs.start_cpu * factor, self._started, ti, ti.token)
+
+    def _started(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        ti.began = self.now
+        if ti.task == "plan":
+            self.at(self.now + self.costs.plan_task, self._task_end, ti, ti.token)
+        elif ti.task == "finalize":
+            self.at(self.now + self.costs.finalize_task, self._task_end, ti, ti.token)
+        elif ti.run.static or not ti.run.plan.parents[ti.node]:
+            self._tool(ti)
+        else:
+            self._read(ti, ti.token)
+
+    def _read(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        run = ti.run
+        plan = run.plan
+        if self.policy.reads_all_states(len(plan.parents)):
+            parents = plan.parents[ti.node]
+            tasks = {ti.task, *(run.tis[p].task for p in parents)}
+            tasks |= {run.tis[g].task for p in parents for g in plan.parents[p]}
+            rows = sum(len(run.tasks[t]) for t in tasks)
+        else:
+            rows = len(plan.parents[ti.node])
+        self.cpu.submit(self.costs.read_cpu + rows * self.costs.read_row_cpu, self._decide, ti, ti.token, rows)
+
+    def _decide(self, ti: Ti, token: int, rows: int) -> None:
+        if ti.token != token:
+            return
+        run, plan, now = ti.run, ti.run.plan, self.now
+        tis = run.tis
+        if self.policy.reads_all_states(len(plan.parents)):
+            parents = plan.parents[ti.node]
+            tasks = {ti.task, *(tis[p].task for p in parents)}
+            tasks |= {tis[g].task for p in parents for g in plan.parents[p]}
+            if len(tasks) == 1:
+
+                def state_of(node: str) -> str | None:
+                    return tis[node].state
+            else:
+
+                def state_of(node: str) -> str | None:
+                    other = tis[node]
+                    return other.state if other.task in tasks else None
+
+            pollers = sum(1 for t in tasks for n in run.tasks[t] if tis[n].state == "running")
+        else:
+            wanted = set(plan.parents[ti.node])
+
+            def state_of(node: str) -> str | None:
+                return tis[node].state if node in wanted else None
+
+            pollers = sum(1 for p in wanted if tis[p].state == "running")
+        view = View(
+            node=ti.node,
+            parents=plan.parents,
+            state_of=state_of,
+            queue=run.tasks[ti.task],
+            plan_size=len(plan.parents),
+            task_cap=self.caps.task_cap,
+            task_active=run.task_active.get(ti.task, 0),
+            waited=now - ti.began,
+            reschedules=ti.reschedules,
+            rows=rows,
+            pollers=pollers,
+            checkpoints=self.checkpoints,
+        )
+        move = self.policy.next_move(view)
+        moves = self.out.moves
+        moves[move.kind.value] = moves.get(move.kind.value, 0) + 1
+        if move.kind is Kind.READY:
+            self.out.waiting += now - ti.began
+            if any(tis[p].state in FAILED for p in plan.parents[ti.node]):
+                self.cpu.submit(self.costs.end_cpu, self._skip, ti, ti.token)
+            else:
+                self._tool(ti)
+        elif move.kind is Kind.WAIT:
+            ti.wait_token += 1
+            ti.read_at = now + move.after
+            self.at(ti.read_at, self._read, ti, ti.token)
+            ti.pace = move.checkpoint_pace
+            if ti.pace is not None:
+                ti.origin = now
+                ti.awaited = [p for p in plan.parents[ti.node] if tis[p].state not in FINISHED]
+                for parent in ti.awaited:
+                    watchers = run.watchers.setdefault(parent, [])
+                    if ti not in watchers:
+                        watchers.append(ti)
+                self._look_for_checkpoints(ti)
+        elif move.kind in (Kind.DEFER, Kind.STEP_ASIDE):
+            self._gave_back(ti)
+            self.set_state(ti, "deferred")
+            self.at(now + self.costs.trigger_pickup, self._trigger, ti, ti.token)
+        else:
+            self._gave_back(ti)
+            ti.reschedules += 1
+            ti.exited_at = now
+            self.set_state(ti, "up_for_reschedule")
+            self._due(now + move.after, ti)
+
+    def _gave_back(self, ti: Ti) -> None:
+        self.out.waiting += self.now - ti.began
+        self.out.given_back += ti.began - ti.slot_since
+
+    def _look_for_checkpoints(self, ti: Ti) -> None:
+        """A waiting node looks for its running parents' checkpoints every ``pace`` seconds from its
+        last read: it starts at the first look after the last of them saved its checkpoint."""
+        if ti.pace is None or ti.state != "running" or not all(p in ti.run.tool_done for p in ti.awaited):
+            return
+        ticks = math.ceil(max(0.0, self.now - ti.origin) / ti.pace - 1e-9)
+        self.at(ti.origin + ticks * ti.pace + self.costs.checkpoint_read, self._picked_up, ti, ti.token, ti.wait_token)
+
+    def _picked_up(self, ti: Ti, token: int, wait_token: int) -> None:
+        if ti.token != token or ti.wait_token != wait_token:
+            return
+        ti.wait_token += 1
+        self.out.waiting += self.now - ti.began
+        self.out.moves["checkpoint"] = self.out.moves.get("checkpoint", 0) + 1
+        self._tool(ti)
+
+    def _trigger(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        tis = ti.run.tis
+        kind = self.policy.trigger_move([tis[p].state for p in ti.run.plan.parents[ti.node]])
+        if kind is None:
+            self.at(self.now + self.policy.trigger_poll, self._trigger, ti, token)
+        else:
+            self.set_state(ti, "scheduled")
+
+    def _tool(self, ti: Ti) -> None:
+        ti.wait_token += 1
+        ti.pace = None
+        seconds = ti.run.plan.seconds[ti.node]
+        self.last_change = self.now
+        if ti.try_number in ti.run.plan.failing_tries.get(ti.node, ()):
+            self.out.tool_seconds += seconds / 2
+            self.at(self.now + seconds / 2, self._tool_failed, ti, ti.token)
+        else:
+            self.out.tool_seconds += seconds
+            self.at(self.now + seconds, self._tool_done, ti, ti.token)
+
+    def _tool_done(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        run = ti.run
+        run.tool_done.add(ti.node)
+        self.last_change = self.now
+        for watcher in run.watchers.pop(ti.node, []):
+            if ti.node in watcher.awaited:
+                self._look_for_checkpoints(watcher)
+        self.cpu.submit(self.costs.end_cpu, self._task_end, ti, ti.token)
+
+    def _tool_failed(self, ti: Ti, token: int) -> None:
+        if ti.token == token:
+            self.cpu.submit(self.costs.end_cpu, self._failed_end, ti, ti.token)
+
+    def _failed_end(self, ti: Ti, token: int) -> None:
+        if ti.token == token:
+            self._try_failed(ti)
+
+    def _try_failed(self, ti: Ti) -> None:
+        ti.exited_at = None
+        if ti.try_number <= self.caps.retries:
+            ti.try_number += 1
+            ti.reschedules = 0
+            self.set_state(ti, "up_for_retry")
+            self._due(self.now + self.caps.retry_delay, ti)
+        else:
+            self._end(ti, "failed")
+
+    def _skip(self, ti: Ti, token: int) -> None:
+        if ti.token == token:
+            self._end(ti, "skipped")
+
+    def _task_end(self, ti: Ti, token: int) -> None:
+        if ti.token != token:
+            return
+        run = ti.run
+        if ti.task == "plan":
+            self._end(ti, "success")
+            run.planned = True
+        elif ti.task == "finalize":
+            self._end(ti, "success")
+            run.end = self.now
+        else:
+            self._end(ti, "success")
+
+    def _end(self, ti: Ti, state: str) -> None:
+        self.set_state(ti, state)
+        if ti.run.static:
+            self.ended.setdefault(ti.run.index, []).append(self.now)
+
+
+def simulate(
+    plan: SimPlan | Sequence[SimPlan],
+    policy: Policy,
+    caps: Caps = Caps(),  # noqa: B008
+    costs: Costs = Costs(),  # noqa: B008
+    **options: Any,
+) -> Outcome:
+    """Run ``plan`` (or several plans, one run each) to its end or to a deadlock."""
+    plans = [plan] if isinstance(plan, SimPlan) else list(plan)
+    return Simulation(plans, policy, caps, costs, **options).run()
+
+
+def static_dag(plan: SimPlan, caps: Caps, costs: Costs, policy: Policy, **options: Any) -> Outcome:
+    """The same plan as a static DAG: one task per node, scheduled when its upstream finished."""
+    return simulate(plan, policy, caps, costs, static=True, **options)
