@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
-from bench.simulator.policy import Kind, Policy, View
+from airflow_plan_provider.plan.waiting import Wait, WaitView
+
+from bench.simulator.policy import Policy
 
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 FAILED = frozenset({"failed", "skipped", "upstream_failed"})
@@ -430,7 +432,7 @@ class Simulation:
             return
         run = ti.run
         plan = run.plan
-        if self.policy.reads_all_states(len(plan.parents)):
+        if not self.policy.reads_one_by_one(len(plan.parents)):
             parents = plan.parents[ti.node]
             tasks = {ti.task, *(run.tis[p].task for p in parents)}
             tasks |= {run.tis[g].task for p in parents for g in plan.parents[p]}
@@ -444,7 +446,8 @@ class Simulation:
             return
         run, plan, now = ti.run, ti.run.plan, self.now
         tis = run.tis
-        if self.policy.reads_all_states(len(plan.parents)):
+        complete = not self.policy.reads_one_by_one(len(plan.parents))
+        if complete:
             parents = plan.parents[ti.node]
             tasks = {ti.task, *(tis[p].task for p in parents)}
             tasks |= {tis[g].task for p in parents for g in plan.parents[p]}
@@ -466,16 +469,15 @@ class Simulation:
                 return tis[node].state if node in wanted else None
 
             pollers = sum(1 for p in wanted if tis[p].state == "running")
-        view = View(
+        view = WaitView(
             node=ti.node,
             parents=plan.parents,
             state_of=state_of,
             queue=run.tasks[ti.task],
-            plan_size=len(plan.parents),
-            task_cap=self.caps.task_cap,
-            task_active=run.task_active.get(ti.task, 0),
             waited=now - ti.began,
-            reschedules=ti.reschedules,
+            made_way=ti.reschedules,
+            task_cap=self.caps.task_cap,
+            complete=complete,
             rows=rows,
             pollers=pollers,
             checkpoints=self.checkpoints,
@@ -483,17 +485,17 @@ class Simulation:
         move = self.policy.next_move(view)
         moves = self.out.moves
         moves[move.kind.value] = moves.get(move.kind.value, 0) + 1
-        if move.kind is Kind.READY:
+        if move.kind is Wait.READY:
             self.out.waiting += now - ti.began
             if any(tis[p].state in FAILED for p in plan.parents[ti.node]):
                 self.cpu.submit(self.costs.end_cpu, self._skip, ti, ti.token)
             else:
                 self._tool(ti)
-        elif move.kind is Kind.WAIT:
+        elif move.kind is Wait.WAIT:
             ti.wait_token += 1
             ti.read_at = now + move.after
             self.at(ti.read_at, self._read, ti, ti.token)
-            ti.pace = move.checkpoint_pace
+            ti.pace = self.policy.checkpoint_poll if move.near and self.checkpoints else None
             if ti.pace is not None:
                 ti.origin = now
                 ti.awaited = [p for p in plan.parents[ti.node] if tis[p].state not in FINISHED]
@@ -502,7 +504,7 @@ class Simulation:
                     if ti not in watchers:
                         watchers.append(ti)
                 self._look_for_checkpoints(ti)
-        elif move.kind in (Kind.DEFER, Kind.STEP_ASIDE):
+        elif move.kind in (Wait.DEFER, Wait.STEP_ASIDE):
             self._gave_back(ti)
             self.set_state(ti, "deferred")
             self.at(now + self.costs.trigger_pickup, self._trigger, ti, ti.token)

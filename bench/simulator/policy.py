@@ -1,110 +1,61 @@
-"""The waiting policy as the simulator asks it: what a node that holds a slot does after a state read,
-and what a deferred node's trigger does after its poll.
+"""The waiting policy as the simulator drives it.
 
-The simulator never decides for a node itself: :class:`RealPolicy` hands what the node read to the
-provider's own policy functions and returns their answer. :class:`NeverLetGo` breaks one rule on
-purpose (a deferred node never lets go of its task's cap) so that the tests can show the simulator
-finds the deadlock that rule prevents.
+The simulator never decides for a node itself: it hands what a node read to
+:meth:`~airflow_plan_provider.plan.waiting.WaitingPolicy.next_move` (a node in its slot) or
+:meth:`~airflow_plan_provider.plan.waiting.WaitingPolicy.trigger_move` (a deferred node's trigger) and
+applies the answer. Any object with those methods and the policy's pacing numbers will do:
+:class:`NeverLetGo` breaks one rule on purpose, so that the tests can show the simulator finds the
+deadlock that rule prevents.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
-
-class Kind(StrEnum):
-    READY = "ready"
-    WAIT = "wait"
-    DEFER = "defer"
-    STEP_ASIDE = "step_aside"
-    MAKE_WAY = "make_way"
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """What a node does next: ``kind``; ``after`` seconds (WAIT: until the next state read; MAKE_WAY:
-    the reschedule delay); ``checkpoint_pace``: while it waits, it looks for its running parents'
-    checkpoints every that many seconds (None: it does not)."""
-
-    kind: Kind
-    after: float = 0.0
-    checkpoint_pace: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """What a node holding a slot knows after one state read.
-
-    ``state_of`` gives a node's task instance state as read (None: no instance state, or not read);
-    ``queue`` is the node's task's nodes in map-index order; ``task_active`` counts its task's instances
-    Airflow counts under ``max_active_tis_per_dagrun`` (queued, running, deferred); ``rows`` is the
-    number of task states the read returned and ``pollers`` how many of them are running.
-    """
-
-    node: str
-    parents: Mapping[str, Sequence[str]]
-    state_of: Callable[[str], str | None]
-    queue: Sequence[str]
-    plan_size: int
-    task_cap: int | None
-    task_active: int
-    waited: float
-    reschedules: int
-    rows: int
-    pollers: int
-    checkpoints: bool
+from airflow_plan_provider.plan.waiting import Move, Wait, WaitingPolicy, WaitView
 
 
 class Policy(Protocol):
-    name: str
-
-    def next_move(self, view: View) -> Move: ...
-
-    def trigger_move(self, parent_states: Sequence[str | None]) -> Kind | None:
-        """READY or MAKE_WAY ends the deferral; None keeps waiting."""
-        ...
+    """What the simulator asks of a waiting policy (:class:`WaitingPolicy` is one)."""
 
     @property
     def trigger_poll(self) -> float: ...
 
     @property
-    def reads_all_states(self) -> Callable[[int], bool]:
-        """Whether a node of a plan of that many nodes reads every instance's state (else only its
-        parents', one by one)."""
-        ...
+    def checkpoint_poll(self) -> float: ...
+
+    def next_move(self, view: WaitView) -> Move: ...
+
+    def trigger_move(self, states: Iterable[str | None]) -> Wait | None: ...
+
+    def reads_one_by_one(self, plan_size: int) -> bool: ...
 
 
-def real_policy(**overrides: float) -> Policy:
-    """The provider's waiting policy, with some of its numbers overridden (for the sweeps)."""
-    from bench.simulator.real import RealPolicy
-
-    return RealPolicy(**overrides)
-
-
+@dataclass(frozen=True)
 class NeverLetGo:
-    """``inner`` with one rule broken: a node that should make way for a parent that needs a slot
-    defers instead, and its trigger waits until the parents finished, holding its task's cap all the
-    while (the module docstring's "without point 3" case of ``triggers/parents.py``)."""
+    """``inner`` with point 3 of the deadlock-freedom argument (``plan/waiting.py``) broken: a node that
+    should make way for a parent needing a slot defers instead, and its trigger waits until the parents
+    finished, holding its task's cap all the while."""
 
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.name = f"{inner.name}, never letting go"
-
-    def next_move(self, view: View) -> Move:
-        move = self.inner.next_move(view)
-        return Move(Kind.DEFER) if move.kind is Kind.MAKE_WAY else move
-
-    def trigger_move(self, parent_states: Sequence[str | None]) -> Kind | None:
-        kind = self.inner.trigger_move(parent_states)
-        return None if kind is Kind.MAKE_WAY else kind
+    inner: WaitingPolicy = WaitingPolicy()  # noqa: RUF009  # frozen
 
     @property
     def trigger_poll(self) -> float:
         return self.inner.trigger_poll
 
     @property
-    def reads_all_states(self) -> Callable[[int], bool]:
-        return self.inner.reads_all_states
+    def checkpoint_poll(self) -> float:
+        return self.inner.checkpoint_poll
+
+    def next_move(self, view: WaitView) -> Move:
+        move = self.inner.next_move(view)
+        return Move(Wait.DEFER) if move.kind is Wait.MAKE_WAY else move
+
+    def trigger_move(self, states: Iterable[str | None]) -> Wait | None:
+        kind = self.inner.trigger_move(states)
+        return None if kind is Wait.MAKE_WAY else kind
+
+    def reads_one_by_one(self, plan_size: int) -> bool:
+        return self.inner.reads_one_by_one(plan_size)
