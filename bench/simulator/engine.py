@@ -79,6 +79,7 @@ class Run:
         self.task_active: dict[str, int] = {}
         self.tool_done: set[str] = set()
         self.watchers: dict[str, list[Ti]] = {}
+        self.trigger_watchers: dict[str, list[Ti]] = {}
         self.unfinished = len(order)
         self.expanded = self.planned = False
         self.start: float | None = None
@@ -200,6 +201,11 @@ class Simulation:
         self.last_change = 0.0
         self.out = Outcome(nodes=sum(len(p.parents) for p in plans))
         self.ended: dict[int, list[float]] = {}
+        self.open_runs = len(self.runs)
+        self.loop_at: float | None = None  # when the next scheduler loop starts (None: it idles)
+        self.loop_base = 0.0  # when the last loop went to sleep
+        self.loop_id = 0
+        self.loop_running = False
         longest = max((s for p in plans for s in p.seconds.values()), default=0.0)
         self.quiet_bound = quiet_bound or 2 * longest + 600.0
         cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
@@ -219,14 +225,15 @@ class Simulation:
         heapq.heappush(self.heap, (when, self.seq, callback, args))
 
     def run(self) -> Outcome:
-        self.at(0.0, self._loop)
+        for run in self.runs:
+            self.at(run.trigger_at, self._wake, run.trigger_at)
         out = self.out
         while self.heap:
             when, _, callback, args = heapq.heappop(self.heap)
             self.now = when
             callback(*args)
             out.events += 1
-            if all(r.end is not None for r in self.runs):
+            if self.open_runs == 0:
                 break
             if when - self.last_change > self.quiet_bound:
                 out.deadlock = f"no state changed for {when - self.last_change:.0f} s"
@@ -288,8 +295,14 @@ class Simulation:
         ti.state = new
         ti.token += 1
         self.last_change = self.now
+        if new == "scheduled" or old in UNDER_TASK_CAP or self._pool_holds(old):
+            self._wake(self.now)
+        for watcher in run.trigger_watchers.get(ti.node, ()):
+            self._trigger_tick(watcher)
         if new in FINISHED and ti.task not in ("plan", "finalize"):
             run.unfinished -= 1
+            if run.unfinished == 0:
+                self._wake(self.now)
             if run.static:
                 for child in self._children(run, ti.node):
                     child.parents_left -= 1
@@ -308,11 +321,30 @@ class Simulation:
     def _due(self, when: float, ti: Ti) -> None:
         self.seq += 1
         heapq.heappush(self.due, (when, self.seq, ti))
+        self._wake(when)
+
+    def _wake(self, when: float) -> None:
+        """Have a scheduler loop start at the first loop time at or after ``when``. The loop runs every
+        ``loop_sleep`` (plus its own time) while it has work; a loop that found nothing to do and nothing
+        due is not simulated (it would change nothing) until something needs one, and then starts on the
+        idle loop's beat."""
+        if self.loop_running:
+            return  # the running loop's body sees it, or decides when the next one starts
+        period = self.costs.loop_sleep + self.costs.loop_cpu
+        at = self.loop_base + max(0.0, math.ceil((when - self.loop_base) / period - 1e-9)) * period
+        if self.loop_at is None or at < self.loop_at - 1e-9:
+            self.loop_at = at
+            self.loop_id += 1
+            self.at(at, self._loop, self.loop_id)
 
     # ---------------------------------------------------------------------------- the scheduler
 
-    def _loop(self) -> None:
-        self.cpu.submit(self.costs.loop_cpu, self._loop_body)
+    def _loop(self, loop_id: int) -> None:
+        if loop_id != self.loop_id:
+            return  # superseded by an earlier loop
+        self.loop_running = True
+        tis = sum(r.unfinished for r in self.runs if r.trigger_at <= self.now and r.end is None)
+        self.cpu.submit(self.costs.loop_cpu + self.costs.loop_ti_cpu * tis, self._loop_body)
 
     def _loop_body(self) -> None:
         now = self.now
@@ -326,6 +358,7 @@ class Simulation:
                 run.finalizing = True
                 if run.static:
                     run.end = max(self.ended.get(run.index, [now]))
+                    self.open_runs -= 1
                 else:
                     ti = run.tis["finalize"] = Ti(run, "finalize", "finalize", -1, 10**9)
                     self.set_state(ti, "scheduled")
@@ -337,8 +370,16 @@ class Simulation:
                 self.set_state(ti, "upstream_failed" if failed else "scheduled")
             elif ti.state in ("up_for_retry", "up_for_reschedule"):
                 self.set_state(ti, "scheduled")
-        self._queue()
-        self.at(now + self.costs.loop_sleep, self._loop)
+        queued = self._queue()
+        self.loop_at, self.loop_base, self.loop_running = None, now + self.costs.loop_sleep, False
+        needs = any(
+            (r.planned and not r.expanded) or (r.expanded and r.unfinished == 0 and not r.finalizing)
+            for r in self.runs
+        )
+        if queued or needs:
+            self._wake(self.loop_base)
+        elif self.due:
+            self._wake(self.due[0][0])
 
     def _expand(self, run: Run) -> None:
         run.expanded = True
@@ -355,7 +396,7 @@ class Simulation:
             else:
                 self.set_state(ti, "scheduled")
 
-    def _queue(self) -> None:
+    def _queue(self) -> int:
         caps = self.caps
         budget = min(caps.max_tis_per_query, caps.parallelism - self.executor_used)
         blocked: set[tuple[int, str]] = set()
@@ -386,6 +427,7 @@ class Simulation:
             picked.append(ti)
         for ti in picked:
             self._queued(ti)
+        return len(picked)
 
     # ---------------------------------------------------------------------------- a task process
 
@@ -411,8 +453,10 @@ class Simulation:
             run.start = self.now
         if ti.task not in ("plan", "finalize"):
             self.out.processes += 1
-        factor = self.costs.static_start_factor if run.static else 1.0
-        self.cpu.submit(self.costs.start_cpu * factor, self._started, ti, ti.token)
+        costs = self.costs
+        factor = costs.static_start_factor if run.static else 1.0
+        work = (costs.start_cpu + costs.start_node_cpu * len(run.plan.parents)) * factor
+        self.cpu.submit(work, self._started, ti, ti.token)
 
     def _started(self, ti: Ti, token: int) -> None:
         if ti.token != token:
@@ -506,6 +550,8 @@ class Simulation:
                 self._look_for_checkpoints(ti)
         elif move.kind in (Wait.DEFER, Wait.STEP_ASIDE):
             self._gave_back(ti)
+            ti.origin = ti.read_at = -1.0  # its trigger has not read yet
+            ti.pace = None
             self.set_state(ti, "deferred")
             self.at(now + self.costs.trigger_pickup, self._trigger, ti, ti.token)
         else:
@@ -536,14 +582,30 @@ class Simulation:
         self._tool(ti)
 
     def _trigger(self, ti: Ti, token: int) -> None:
+        """A deferred node's trigger reads its parents' states every ``trigger_poll`` seconds from its
+        first read. Its answer changes only when a parent's state does, so the read is simulated at the
+        first poll after each such change (the same moments, without the reads that change nothing)."""
         if ti.token != token:
             return
-        tis = ti.run.tis
-        kind = self.policy.trigger_move([tis[p].state for p in ti.run.plan.parents[ti.node]])
-        if kind is None:
-            self.at(self.now + self.policy.trigger_poll, self._trigger, ti, token)
-        else:
+        run = ti.run
+        kind = self.policy.trigger_move([run.tis[p].state for p in run.plan.parents[ti.node]])
+        if kind is not None:
             self.set_state(ti, "scheduled")
+        elif ti.origin < 0:  # its first read: from now on it reads every trigger_poll
+            ti.origin = self.now
+            for parent in run.plan.parents[ti.node]:
+                watchers = run.trigger_watchers.setdefault(parent, [])
+                if ti not in watchers:
+                    watchers.append(ti)
+
+    def _trigger_tick(self, ti: Ti) -> None:
+        if ti.state != "deferred" or ti.origin < 0:
+            return
+        poll = self.policy.trigger_poll
+        tick = ti.origin + math.ceil(max(0.0, self.now - ti.origin) / poll - 1e-9) * poll
+        if ti.read_at != tick:
+            ti.read_at = tick
+            self.at(tick, self._trigger, ti, ti.token)
 
     def _tool(self, ti: Ti) -> None:
         ti.wait_token += 1
@@ -600,6 +662,7 @@ class Simulation:
         elif ti.task == "finalize":
             self._end(ti, "success")
             run.end = self.now
+            self.open_runs -= 1
         else:
             self._end(ti, "success")
 

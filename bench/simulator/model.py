@@ -73,9 +73,11 @@ class Costs:
     the deployment on ``cores`` cores (processor sharing); ``cores`` = 0 turns sharing off (each CPU
     part then takes its own time), which the property tests use.
 
-    - a scheduler loop costs ``loop_cpu`` and then sleeps ``loop_sleep``;
+    - a scheduler loop costs ``loop_cpu`` plus ``loop_ti_cpu`` per unfinished task instance of the runs
+      it looks at, then sleeps ``loop_sleep``;
     - a queued instance's process starts ``queue_latency`` later (executor pick-up: its start_date), and
-      is ready to act after ``start_cpu`` more (process start, DAG parse, reading the plan);
+      is ready to act after ``start_cpu`` plus ``start_node_cpu`` per plan node more (process start,
+      DAG parse, reading and checking the plan);
     - a state read costs ``read_cpu`` plus ``read_row_cpu`` per task state returned; a checkpoint read
       ``checkpoint_read``; after its tool a node pushes its record and ends: ``end_cpu``;
     - a deferred node's trigger first polls ``trigger_pickup`` after the deferral;
@@ -87,8 +89,10 @@ class Costs:
 
     loop_sleep: float = 1.0
     loop_cpu: float = 0.05
+    loop_ti_cpu: float = 0.0
     queue_latency: float = 0.2
     start_cpu: float = 0.5
+    start_node_cpu: float = 0.0
     read_cpu: float = 0.02
     read_row_cpu: float = 0.0
     checkpoint_read: float = 0.03
@@ -99,3 +103,25 @@ class Costs:
     finalize_task: float = 0.2
     static_start_factor: float = 0.6
     cores: float = 0.0
+
+
+#: the costs fitted to ``bench/``'s latest PostgreSQL figures (``python bench/simulate.py --calibrate``;
+#: :mod:`bench.simulator.calibrate`), 2 cores as there
+CALIBRATED = Costs(
+    loop_sleep=0.129167,
+    loop_cpu=0.054167,
+    loop_ti_cpu=0.000334,
+    queue_latency=0.02,
+    start_cpu=0.058333,
+    start_node_cpu=0.002,
+    read_cpu=0.1,
+    read_row_cpu=0.000808,
+    checkpoint_read=0.03,
+    end_cpu=0.1,
+    trigger_pickup=1.116666,
+    report_latency=1.5,
+    plan_task=0.333333,
+    finalize_task=0.5,
+    static_start_factor=0.8,
+    cores=2.0,
+)

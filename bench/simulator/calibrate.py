@@ -1,0 +1,68 @@
+"""Fit the simulator's costs (:class:`~bench.simulator.model.Costs`) to the makespans ``bench/`` measured
+on a real Airflow: coordinate descent over the costs, each within a plausible range, minimising the
+largest |log(simulated / measured)| over every measured figure (plan DAGs and static DAGs), then the
+sum of their squares."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from airflow_plan_provider.plan.waiting import WaitingPolicy
+
+from bench.simulator.engine import simulate
+from bench.simulator.model import Costs
+from bench.simulator.plans import BenchPlan, bench_plans
+
+#: what a cost may be: (lowest, highest); seconds or CPU-seconds
+RANGES: dict[str, tuple[float, float]] = {
+    "loop_sleep": (0.05, 1.0),
+    "loop_cpu": (0.005, 0.3),
+    "loop_ti_cpu": (0.0, 0.002),
+    "queue_latency": (0.02, 0.6),
+    "start_cpu": (0.05, 1.5),
+    "start_node_cpu": (0.0, 0.004),
+    "read_cpu": (0.002, 0.1),
+    "read_row_cpu": (0.0, 0.001),
+    "end_cpu": (0.02, 0.6),
+    "trigger_pickup": (0.2, 3.0),
+    "plan_task": (0.15, 0.35),
+    "finalize_task": (0.1, 0.5),
+    "static_start_factor": (0.2, 1.0),
+}
+
+
+def figures(
+    costs: Costs, plans: list[BenchPlan] | None = None, policy: WaitingPolicy | None = None
+) -> dict[str, tuple[float, float]]:
+    """Figure name → (simulated, measured on PostgreSQL) makespan, plan DAGs and static DAGs."""
+    policy = policy or WaitingPolicy()
+    out = {}
+    for bench in plans or bench_plans():
+        out[bench.name] = (simulate(bench.plan, policy, bench.caps, costs).makespan, bench.plan_postgres)
+        if bench.static_postgres is not None:
+            static = simulate(bench.plan, policy, bench.caps, costs, static=True).makespan
+            out[f"{bench.name} (static)"] = (static, bench.static_postgres)
+    return out
+
+
+def misfit(costs: Costs, plans: list[BenchPlan]) -> tuple[float, float]:
+    logs = [math.log(sim / real) for sim, real in figures(costs, plans).values()]
+    return max(map(abs, logs)), sum(x * x for x in logs)
+
+
+def calibrate(start: Costs, rounds: int = 3, steps: int = 7) -> tuple[Costs, tuple[float, float]]:
+    """The costs near ``start`` that fit the measured figures best (see the module docstring)."""
+    plans = bench_plans()
+    best, score = start, misfit(start, plans)
+    for round_ in range(rounds):
+        for name, (low, high) in RANGES.items():
+            here = getattr(best, name)
+            spread = (high - low) / (2 ** (round_ + 1))
+            for i in range(steps):
+                value = min(high, max(low, here - spread + 2 * spread * i / (steps - 1)))
+                trial = replace(best, **{name: round(value, 6)})
+                trial_score = misfit(trial, plans)
+                if trial_score < score:
+                    best, score = trial, trial_score
+    return best, score
