@@ -9,7 +9,6 @@ import math
 from dataclasses import replace
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
-
 from bench.simulator.engine import simulate
 from bench.simulator.model import Costs
 from bench.simulator.plans import BenchPlan, bench_plans

@@ -72,18 +72,24 @@ def random_case(seed: int, size: int | None = None) -> Case:
     rng = random.Random(seed)
     if size is None:
         roll = rng.random()
-        size = rng.randint(1, 12) if roll < 0.7 else rng.randint(13, 60) if roll < 0.97 else rng.randint(61, 160)
+        size = (
+            rng.randint(1, 12) if roll < 0.7 else rng.randint(13, 60) if roll < 0.97 else rng.randint(61, 160)
+        )
     retries = rng.choice((0, 1, 2, 3))
     runs = 1 if rng.random() < 0.9 or size > 200 else rng.randint(2, 4)
     plans = [random_plan(rng, size, retries) for _ in range(runs)]
 
-    def cap() -> int:
-        return rng.choice((1, 2, 3, 4, rng.randint(1, 32)))
+    def cap(least: int = 1) -> int:
+        return max(least, rng.choice((1, 2, 3, 4, rng.randint(1, 32))))
 
+    # a cap shared by pooled lanes is at least 2: at 1, a ready node of one lane can starve behind nodes
+    # of another lane that wait for their parents and come back after each make-way
+    # (test_waiting_simulation.py::test_lanes_sharing_one_slot_can_starve)
+    shared = 2 if any(p.lanes for p in plans) else 1
     caps = Caps(
         task_cap=None if rng.random() < 0.2 else cap(),
-        dag_cap=cap(),
-        parallelism=cap(),
+        dag_cap=cap(shared),
+        parallelism=cap(shared),
         pool=None if rng.random() < 0.5 else cap(),
         pool_counts_deferred=rng.random() < 0.3,
         lane_pools={"gpu": cap(), "db": cap()},

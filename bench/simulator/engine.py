@@ -34,9 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from airflow_plan_provider.plan.waiting import Wait, WaitView
-
+from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
@@ -50,8 +49,24 @@ class Ti:
     """One task instance: a node of one run, or its run's ``plan`` / ``finalize`` task."""
 
     __slots__ = (
-        "run", "node", "task", "index", "key", "state", "try_number", "reschedules", "token", "began",
-        "read_at", "awaited", "pace", "origin", "wait_token", "exited_at", "slot_since", "parents_left",
+        "awaited",
+        "began",
+        "exited_at",
+        "index",
+        "key",
+        "node",
+        "origin",
+        "pace",
+        "parents_left",
+        "read_at",
+        "reschedules",
+        "run",
+        "slot_since",
+        "state",
+        "task",
+        "token",
+        "try_number",
+        "wait_token",
     )  # fmt: skip
 
     def __init__(self, run: Run, node: str, task: str, index: int, weight: int) -> None:
@@ -154,7 +169,9 @@ class Cpu:
     def _wake(self, now: float) -> None:
         self.version += 1
         if self.jobs:
-            self.sim.at(now + max(0.0, (self.jobs[0][0] - self.virtual) / self.rate()), self._tick, self.version)
+            self.sim.at(
+                now + max(0.0, (self.jobs[0][0] - self.virtual) / self.rate()), self._tick, self.version
+            )
 
     def _tick(self, version: int) -> None:
         if version != self.version:
@@ -187,7 +204,13 @@ class Simulation:
         quiet_bound: float | None = None,
         time_bound: float | None = None,
     ) -> None:
-        self.policy, self.caps, self.costs, self.static, self.checkpoints = policy, caps, costs, static, checkpoints
+        self.policy, self.caps, self.costs, self.static, self.checkpoints = (
+            policy,
+            caps,
+            costs,
+            static,
+            checkpoints,
+        )
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
@@ -417,7 +440,8 @@ class Simulation:
                 or run.dag_active + sum(1 for p in picked if p.run is run) >= dag_cap
                 or (
                     task_cap is not None
-                    and run.task_active.get(ti.task, 0) + sum(1 for p in picked if p.run is run and p.task == ti.task)
+                    and run.task_active.get(ti.task, 0)
+                    + sum(1 for p in picked if p.run is run and p.task == ti.task)
                     >= task_cap
                 )
             ):
@@ -483,7 +507,9 @@ class Simulation:
             rows = sum(len(run.tasks[t]) for t in tasks)
         else:
             rows = len(plan.parents[ti.node])
-        self.cpu.submit(self.costs.read_cpu + rows * self.costs.read_row_cpu, self._decide, ti, ti.token, rows)
+        self.cpu.submit(
+            self.costs.read_cpu + rows * self.costs.read_row_cpu, self._decide, ti, ti.token, rows
+        )
 
     def _decide(self, ti: Ti, token: int, rows: int) -> None:
         if ti.token != token:
@@ -571,7 +597,13 @@ class Simulation:
         if ti.pace is None or ti.state != "running" or not all(p in ti.run.tool_done for p in ti.awaited):
             return
         ticks = math.ceil(max(0.0, self.now - ti.origin) / ti.pace - 1e-9)
-        self.at(ti.origin + ticks * ti.pace + self.costs.checkpoint_read, self._picked_up, ti, ti.token, ti.wait_token)
+        self.at(
+            ti.origin + ticks * ti.pace + self.costs.checkpoint_read,
+            self._picked_up,
+            ti,
+            ti.token,
+            ti.wait_token,
+        )
 
     def _picked_up(self, ti: Ti, token: int, wait_token: int) -> None:
         if ti.token != token or ti.wait_token != wait_token:
@@ -608,6 +640,7 @@ class Simulation:
             self.at(tick, self._trigger, ti, ti.token)
 
     def _tool(self, ti: Ti) -> None:
+        ti.token += 1  # no read or checkpoint look of its wait is due any more
         ti.wait_token += 1
         ti.pace = None
         seconds = ti.run.plan.seconds[ti.node]

@@ -108,20 +108,20 @@ class Costs:
 #: the costs fitted to ``bench/``'s latest PostgreSQL figures (``python bench/simulate.py --calibrate``;
 #: :mod:`bench.simulator.calibrate`), 2 cores as there
 CALIBRATED = Costs(
-    loop_sleep=0.129167,
-    loop_cpu=0.054167,
-    loop_ti_cpu=0.000334,
+    loop_sleep=0.05,
+    loop_cpu=0.005,
+    loop_ti_cpu=0.001584,
     queue_latency=0.02,
     start_cpu=0.058333,
     start_node_cpu=0.002,
     read_cpu=0.1,
-    read_row_cpu=0.000808,
+    read_row_cpu=0.000933,
     checkpoint_read=0.03,
     end_cpu=0.1,
-    trigger_pickup=1.116666,
+    trigger_pickup=2.749999,
     report_latency=1.5,
-    plan_task=0.333333,
+    plan_task=0.35,
     finalize_task=0.5,
-    static_start_factor=0.8,
+    static_start_factor=0.833333,
     cores=2.0,
 )

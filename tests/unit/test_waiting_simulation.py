@@ -1,0 +1,117 @@
+"""The waiting policy (``plan/waiting.py``) never deadlocks, checked by the simulator of Airflow's slot
+hand-out (``bench/simulator``) on thousands of random plans, caps and retries; and the check can fail.
+
+A deadlock here is either of: no event left that could change a state while nodes are unfinished (the
+scheduler loop and the triggers are simulated only when a state they look at changed, so a stable
+state is an empty event heap), no state changed for longer than any timer of the model (twice the
+longest tool plus 600 s), or the run not finished after a time far above the list-scheduling bound
+(:class:`~bench.simulator.engine.Simulation`'s ``time_bound``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+from airflow_plan_provider.plan.waiting import WaitingPolicy
+from bench.simulator.cases import random_case, random_plan
+from bench.simulator.engine import Outcome, simulate
+from bench.simulator.model import CALIBRATED, Caps, Costs, SimPlan, list_scheduling_bound
+from bench.simulator.policy import NeverLetGo, Policy
+
+POLICY = WaitingPolicy()
+CASES = 5000
+LARGE = (2000, 1200, 700)  # plan sizes of the few large cases
+
+
+def run_case(seed: int, size: int | None = None, policy: Policy = POLICY) -> Outcome:
+    case = random_case(seed, size)
+    return simulate(
+        case.plans, policy, case.caps, case.costs, checkpoints=case.checkpoints, run_gap=case.run_gap
+    )
+
+
+def test_no_random_case_deadlocks() -> None:
+    failures = []
+    moves: Counter[str] = Counter()
+    for seed in range(CASES):
+        out = run_case(seed)
+        moves.update(out.moves)
+        if out.deadlock or out.finished != out.nodes:
+            failures.append((seed, out.deadlock, out.finished, out.nodes))
+    assert failures == []
+    # the cases reach every move of the policy, many times
+    assert (
+        min(moves[kind] for kind in ("wait", "defer", "step_aside", "make_way", "checkpoint", "ready")) > 100
+    )
+
+
+def test_large_plans_complete() -> None:
+    for seed, size in enumerate(LARGE, start=CASES):
+        out = run_case(seed, size)
+        assert (out.deadlock, out.finished, out.nodes) == (None, size, size), (seed, size)
+
+
+def test_the_check_finds_the_deadlock_of_a_policy_that_never_lets_go() -> None:
+    """Without point 3 of the argument (a deferred node lets go of its task's cap when a parent needs a
+    slot again), random cases deadlock, and the first one found is the docstring's: children deferred
+    on a parent that retries fill the task's cap."""
+    found = [seed for seed in range(300) if run_case(seed, policy=NeverLetGo()).deadlock]
+    assert len(found) >= 10
+    assert all(run_case(seed).deadlock is None for seed in found)
+
+
+def test_a_retrying_root_under_a_cap_of_two() -> None:
+    """The docstring's case, built by hand: a root whose first try fails after its two children were
+    deferred (the root runs 40 s, longer than slot_wait), task cap 2. The real policy makes way and
+    finishes; the broken one deadlocks with the root up for retry and both children deferred."""
+    plan = SimPlan({"r": [], "a": ["r"], "b": ["r"]}, {"r": 80.0, "a": 1.0, "b": 1.0}, {"r": frozenset({1})})
+    caps = Caps(task_cap=2, dag_cap=16, parallelism=16, retries=1, retry_delay=5.0)
+    costs = Costs()
+    good = simulate(plan, POLICY, caps, costs)
+    assert good.deadlock is None and good.finished == 3
+    assert good.makespan < 200
+    bad = simulate(plan, NeverLetGo(POLICY), caps, costs)
+    assert bad.deadlock is not None and bad.finished == 0
+
+
+def test_makespans_respect_the_list_scheduling_bound() -> None:
+    """No simulated schedule beats max(critical path, work / cap): the model cannot run more tools at
+    once than its caps allow, nor a node before its parents."""
+    for seed in range(300):
+        case = random_case(seed)
+        plan = replace(case.plans[0], failing_tries={}, lanes={})
+        out = simulate(plan, POLICY, case.caps, case.costs, checkpoints=case.checkpoints)
+        caps = case.caps
+        cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
+        assert out.deadlock is None
+        assert out.makespan >= list_scheduling_bound(plan, cap), seed
+
+
+def test_same_inputs_same_schedule() -> None:
+    case = random_case(11, 80)
+    first = simulate(case.plans, POLICY, case.caps, CALIBRATED)
+    second = simulate(case.plans, POLICY, case.caps, CALIBRATED)
+    assert (first.makespans, first.events, first.moves) == (second.makespans, second.events, second.moves)
+
+
+def test_lanes_sharing_one_slot_can_starve() -> None:
+    """A limit of the argument (its point 4 orders a task's instances by map index; across tasks the
+    scheduler orders by map index too, which is not the plan's run order): with pooled lanes and a
+    single slot shared by the run's tasks (the DAG's max_active_tasks = 1), nodes of one lane that wait
+    for their parents get the slot before a ready node of another lane with a higher map index, make
+    way, come back after their delay, and the ready node can wait for ever. The simulator finds such
+    plans; with two shared slots none of the same plans starves."""
+    starved, with_two = [], []
+    for seed in range(30):
+        rng = random.Random(seed)
+        plan = random_plan(rng, rng.randint(20, 120), 1)
+        lanes = {node: rng.choice(("gpu", "db")) for node in plan.parents if rng.random() < 0.3}
+        plan = replace(plan, lanes=lanes, failing_tries={})
+        caps = Caps(task_cap=None, dag_cap=1, parallelism=32, lane_pools={"gpu": 4, "db": 4})
+        if simulate(plan, POLICY, caps, Costs()).deadlock:
+            starved.append(seed)
+            with_two.append(simulate(plan, POLICY, replace(caps, dag_cap=2), Costs()).deadlock)
+    assert starved
+    assert with_two == [None] * len(starved)
