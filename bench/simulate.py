@@ -50,6 +50,8 @@ def table(policy: WaitingPolicy | None = None) -> list[dict[str, object]]:
                 "overhead": plan.slot_seconds - plan.tool_seconds,
                 "static_overhead": static.slot_seconds - static.tool_seconds,
                 "processes": plan.processes,
+                "handoff": plan.handoff,
+                "static_handoff": static.handoff,
                 "deadlock": plan.deadlock or static.deadlock,
             }
         )
@@ -62,7 +64,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
     print(
         f"{'plan':<22}{'nodes':>6}{'CP':>6}{'bound':>7} | {'sim':>6}{'real':>7}{'ratio':>6}{'SQLite':>7} |"
         f" {'static sim':>10}{'real':>6}{'ratio':>6} | {'waiting':>8}{'over plan':>10}{'over static':>12}"
-        f"{'procs':>6}"
+        f"{'procs':>6}{'hand-off':>15}"
     )
     for r in rows:
         sim, real = float(r["sim"]), float(r["real"])  # type: ignore[arg-type]
@@ -76,13 +78,14 @@ def print_table(rows: list[dict[str, object]]) -> None:
             f"{r['plan']:<22}{r['nodes']:>6}{r['cp']:>6.0f}{r['bound']:>7.1f} | {sim:>6.1f}{real:>7.1f}"
             f"{sim / real:>6.2f}{r['real_sqlite']:>7.1f} | {static_cols} | {r['wasted']:>8.0f}"
             f"{r['overhead']:>10.0f}{r['static_overhead']:>12.0f}{r['processes']:>6}"
+            f"{r['handoff']:>8.2f} /{r['static_handoff']:>5.2f}"
             + (f"  DEADLOCK: {r['deadlock']}" if r["deadlock"] else "")
         )
     print(
         "waiting: slot-seconds plan-DAG nodes held while their parents had not finished (in-slot waits,"
         " and the start-up of processes that then gave their slot back); over: slot-seconds held beyond"
         " the tools' own time (start-up, waiting, record push), plan DAG and static DAG; procs: node task"
-        " processes of the plan DAG"
+        " processes of the plan DAG; hand-off: median last parent's tool end → tool start, plan / static"
     )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,8 @@ class Run:
         self.dag_active = 0
         self.task_active: dict[str, int] = {}
         self.tool_done: set[str] = set()
+        self.tool_start: dict[str, float] = {}
+        self.tool_end: dict[str, float] = {}
         self.watchers: dict[str, list[Ti]] = {}
         self.trigger_watchers: dict[str, list[Ti]] = {}
         self.unfinished = len(order)
@@ -128,10 +131,16 @@ class Outcome:
     moves: dict[str, int] = field(default_factory=dict)
     events: int = 0
     failed_by_race: int = 0
+    handoffs: list[float] = field(default_factory=list)
 
     @property
     def makespan(self) -> float:
         return max(self.makespans, default=math.inf)
+
+    @property
+    def handoff(self) -> float:
+        """The median hand-off: a node's last parent's tool end → its own tool start."""
+        return statistics.median(self.handoffs) if self.handoffs else math.nan
 
     @property
     def wasted(self) -> float:
@@ -267,6 +276,11 @@ class Simulation:
         out.time = self.now
         out.makespans = [r.end - r.start for r in self.runs if r.end is not None and r.start is not None]
         out.finished = sum(len(r.plan.parents) - r.unfinished for r in self.runs)
+        for run in self.runs:
+            for node, start in run.tool_start.items():
+                ends = [run.tool_end[p] for p in run.plan.parents[node] if p in run.tool_end]
+                if ends:
+                    out.handoffs.append(start - max(ends))
         if out.deadlock is None and out.finished < out.nodes:
             out.deadlock = "no event left"
         return out
@@ -650,6 +664,7 @@ class Simulation:
             self.at(self.now + seconds / 2, self._tool_failed, ti, ti.token)
         else:
             self.out.tool_seconds += seconds
+            ti.run.tool_start[ti.node] = self.now
             self.at(self.now + seconds, self._tool_done, ti, ti.token)
 
     def _tool_done(self, ti: Ti, token: int) -> None:
@@ -657,6 +672,7 @@ class Simulation:
             return
         run = ti.run
         run.tool_done.add(ti.node)
+        run.tool_end[ti.node] = self.now
         self.last_change = self.now
         for watcher in run.watchers.pop(ti.node, []):
             if ti.node in watcher.awaited:
