@@ -129,5 +129,5 @@ def print_sweep() -> None:
                 + ("  clear gain" if clear else "")
             )
     print(
-        f"* the default; clear gain: mean ≤ {1 - GAIN:g}, no plan above {1 + LOSS:g}, no try failed by the race"
+        f"* the default; clear gain: mean ≤ {1 - GAIN:g}, no plan above {1 + LOSS:g}, no race failure"
     )
