@@ -45,15 +45,19 @@ def figures(
     return out
 
 
-def misfit(costs: Costs, plans: list[BenchPlan]) -> tuple[float, float]:
-    logs = [math.log(sim / real) for sim, real in figures(costs, plans).values()]
+def misfit(costs: Costs, plans: list[BenchPlan], leave_out: str | None = None) -> tuple[float, float]:
+    logs = [math.log(sim / real) for name, (sim, real) in figures(costs, plans).items() if name != leave_out]
     return max(map(abs, logs)), sum(x * x for x in logs)
 
 
-def calibrate(start: Costs, rounds: int = 3, steps: int = 7) -> tuple[Costs, tuple[float, float]]:
-    """The costs near ``start`` that fit the measured figures best (see the module docstring)."""
+def calibrate(
+    start: Costs, rounds: int = 3, steps: int = 7, leave_out: str | None = None
+) -> tuple[Costs, tuple[float, float]]:
+    """The costs near ``start`` that fit the measured figures best (see the module docstring), all of
+    them or all but the figure ``leave_out`` (to see how well the model predicts a figure it was not
+    fitted on)."""
     plans = bench_plans()
-    best, score = start, misfit(start, plans)
+    best, score = start, misfit(start, plans, leave_out)
     for round_ in range(rounds):
         for name, (low, high) in RANGES.items():
             here = getattr(best, name)
@@ -61,7 +65,7 @@ def calibrate(start: Costs, rounds: int = 3, steps: int = 7) -> tuple[Costs, tup
             for i in range(steps):
                 value = min(high, max(low, here - spread + 2 * spread * i / (steps - 1)))
                 trial = replace(best, **{name: round(value, 6)})
-                trial_score = misfit(trial, plans)
+                trial_score = misfit(trial, plans, leave_out)
                 if trial_score < score:
                     best, score = trial, trial_score
     return best, score
