@@ -128,6 +128,4 @@ def print_sweep() -> None:
                 + f" | {mean(ratios):>6.3f}{wait:>7.0f}{procs:>7.0f}{races:>5}{mark}"
                 + ("  clear gain" if clear else "")
             )
-    print(
-        f"* the default; clear gain: mean ≤ {1 - GAIN:g}, no plan above {1 + LOSS:g}, no race failure"
-    )
+    print(f"* the default; clear gain: mean ≤ {1 - GAIN:g}, no plan above {1 + LOSS:g}, no race failure")

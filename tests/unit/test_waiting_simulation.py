@@ -63,8 +63,8 @@ def test_the_check_finds_the_deadlock_of_a_policy_that_never_lets_go() -> None:
 
 
 def test_a_retrying_root_under_a_cap_of_two() -> None:
-    """The docstring's case, built by hand: a root whose first try fails after its two children were
-    deferred (the root runs 40 s, longer than slot_wait), task cap 2. The real policy makes way and
+    """The docstring's case, built by hand: a root whose first try fails (halfway through its 80 s tool,
+    after slot_wait) once its two children were deferred, task cap 2. The real policy makes way and
     finishes; the broken one deadlocks with the root up for retry and both children deferred."""
     plan = SimPlan({"r": [], "a": ["r"], "b": ["r"]}, {"r": 80.0, "a": 1.0, "b": 1.0}, {"r": frozenset({1})})
     caps = Caps(task_cap=2, dag_cap=16, parallelism=16, retries=1, retry_delay=5.0)
