@@ -39,6 +39,10 @@ from airflow_plan_provider.plan.waiting import Wait, WaitView
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
+# Airflow's own sets, kept apart from the policy's so that the model checks the policy's beliefs about
+# them: a finished instance; one that holds a worker, pool and DAG slot (EXECUTION_STATES); one counted
+# under its task's max_active_tis_per_dagrun (ti_deps/dependencies_states.py ACTIVE_STATES, less
+# awaiting_input, which the model has no use for)
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 FAILED = frozenset({"failed", "skipped", "upstream_failed"})
 IN_SLOT = frozenset({"queued", "running"})
