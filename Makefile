@@ -24,9 +24,9 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check airflow_plan_provider tests dags bench scripts
-	$(VENV)/bin/ruff format --check airflow_plan_provider tests dags bench scripts
-	$(VENV)/bin/mypy airflow_plan_provider
+	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts
+	$(VENV)/bin/ruff format --check airflow_plan_provider harness tests dags bench scripts
+	$(VENV)/bin/mypy airflow_plan_provider harness
 
 bench: $(VENV)/.installed
 	$(PY) bench/validate.py

@@ -1,4 +1,4 @@
-"""Shared harness of the plan-DAG benchmarks: plans, DAG files, one cluster per database, run timings.
+"""Shared code of the plan-DAG benchmarks: plans, DAG files, one cluster per database, run timings.
 
 Not a benchmark itself. Each question (``unbalanced``, ``seed``, ``depth``, ``wide``) is a
 :class:`Question`: the DAG files it needs, how it measures, how it reports. :func:`main` starts one
@@ -39,8 +39,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.postgres import PostgresDatabase
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
+
+from harness.cluster import AirflowCluster
+from harness.postgres import PostgresDatabase
 
 Plan = dict[str, Any]
 DATABASES = ("sqlite", "postgresql")

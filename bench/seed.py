@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
 from _planbench import (
     Bench,
@@ -33,7 +34,7 @@ from _planbench import (
     static_dag_source,
 )
 
-from airflow_plan_provider.testing.seed import seed_plan
+from harness.seed import seed_plan
 
 PLAN_DAG, STATIC_DAG = "bench_seed_plan", "bench_seed_static"
 

@@ -23,7 +23,9 @@ from base64 import urlsafe_b64encode
 from pathlib import Path
 from types import FrameType
 
-from airflow_plan_provider.testing.cluster import AirflowCluster, ClusterError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
+
+from harness.cluster import AirflowCluster, ClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 DAG_ID = "plan_and_execute"

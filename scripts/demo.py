@@ -14,7 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
+
+from harness.cluster import AirflowCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DAG_ID = "plan_and_execute"

@@ -18,7 +18,7 @@ from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from harness.seed import seed_plan, seed_revision, seed_tools
 from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow

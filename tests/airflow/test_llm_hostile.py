@@ -392,7 +392,7 @@ def test_planning_task_records_the_reason_and_no_piece_of_the_key(
     from airflow_plan_provider.dag_factory import build_plan_dag
     from airflow_plan_provider.testing import CallLog, scripted_registry
     from airflow_plan_provider.testing.in_process import run_plan_dag
-    from airflow_plan_provider.testing.seed import seed_tools
+    from harness.seed import seed_tools
     from tests.airflow.support import xcom
 
     server.add(script)

@@ -10,7 +10,7 @@ import pytest
 from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
-from airflow_plan_provider.testing.seed import seed_replan_story
+from harness.seed import seed_replan_story
 from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow

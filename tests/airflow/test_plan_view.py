@@ -16,7 +16,7 @@ from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.plugins.data import RunData, plan_view, session_chain
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
-from airflow_plan_provider.testing.seed import seed_replan_story
+from harness.seed import seed_replan_story
 from tests.airflow.support import task_states
 
 SEED_DAG = "view_seed_replan"

@@ -10,7 +10,7 @@ import pytest
 from airflow_plan_provider import Budgets, NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from harness.seed import seed_plan, seed_revision, seed_tools
 from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow

@@ -13,7 +13,7 @@ import pytest
 from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
-from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
+from harness.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
 from tests.airflow.support import task_states, xcom
 
 pytestmark = pytest.mark.airflow

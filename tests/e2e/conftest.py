@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.postgres import PostgresDatabase
+from harness.cluster import AirflowCluster
+from harness.postgres import PostgresDatabase
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The example DAG and the demo package it imports.

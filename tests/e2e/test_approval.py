@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.sqlite import API_TIMEOUT, locked
+from harness.cluster import AirflowApiError, AirflowCluster
+from harness.sqlite import API_TIMEOUT, locked
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from airflow_plan_provider.testing import CallLog
-from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.sqlite import LOCK_TIMEOUT
+from harness.cluster import AirflowCluster
+from harness.sqlite import LOCK_TIMEOUT
 
 pytestmark = pytest.mark.e2e
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.logs import error_lines
-from airflow_plan_provider.testing.postgres import PostgresDatabase
-from airflow_plan_provider.testing.processes import pid_alive
+from harness.cluster import AirflowCluster
+from harness.logs import error_lines
+from harness.postgres import PostgresDatabase
+from harness.processes import pid_alive
 from tests.e2e.conftest import CELERY_WORKERS, EXAMPLE_FILES, celery_cluster, demo_env
 
 pytestmark = pytest.mark.e2e

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
-from airflow_plan_provider.testing.logs import error_lines
 from airflow_plan_provider.testing.scripted import CallLog
+from harness.cluster import AirflowCluster
+from harness.logs import error_lines
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, demo_env
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
+from harness.cluster import AirflowCluster
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, require_postgres_and_redis
 
 pytestmark = pytest.mark.e2e

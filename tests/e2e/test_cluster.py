@@ -18,14 +18,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import (
+from harness.cluster import (
     COMPONENTS,
     AirflowCluster,
     ClusterError,
     ClusterTimeout,
     ComponentCrashed,
+    python_path,
 )
-from airflow_plan_provider.testing.processes import pid_alive
+from harness.processes import pid_alive
 from tests.e2e.conftest import plan_cluster
 
 pytestmark = pytest.mark.e2e
@@ -170,7 +171,7 @@ def test_stop_terminates_every_process(cluster: AirflowCluster) -> None:
 STARTER = textwrap.dedent(
     """
     import json, sys, time
-    from airflow_plan_provider.testing.cluster import AirflowCluster
+    from harness.cluster import AirflowCluster
 
     cluster = AirflowCluster(sys.argv[1], parallelism=2).start()
     cluster.wait_for_dag(sys.argv[2], timeout=180)
@@ -193,6 +194,7 @@ def test_components_die_with_the_process_that_started_them(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=os.environ | {"PYTHONPATH": python_path(os.environ.get("PYTHONPATH"))},  # harness.cluster
     )
     started: dict = {}
     try:

@@ -24,9 +24,9 @@ import pytest
 
 from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster
-from airflow_plan_provider.testing.processes import pid_alive
 from airflow_plan_provider.testing.scripted import CallLog
+from harness.cluster import AirflowApiError, AirflowCluster
+from harness.processes import pid_alive
 from tests.e2e.conftest import demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.planners.template import fill_template
-from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
+from harness.cluster import AirflowCluster
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e

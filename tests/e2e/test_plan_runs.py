@@ -18,9 +18,9 @@ import pytest
 
 from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.testing.cluster import AirflowCluster
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.seed import seed_plan
+from harness.cluster import AirflowCluster
+from harness.seed import seed_plan
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e

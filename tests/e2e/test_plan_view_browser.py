@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster
+from harness.cluster import AirflowCluster
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing.scripted import CallLog
-from airflow_plan_provider.testing.seed import seed_plan
+from harness.seed import seed_plan
 from tests.unit.test_cli import ROOT, run_cli
 
 DEMO_TOOLS = "dags/plan_demo/tools.py:registry"  # the example DAGs' demo, by its file
@@ -22,7 +22,7 @@ SCRIPTED_TOOLS = """
 import os
 
 from airflow_plan_provider.testing.scripted import CallLog, scripted_registry
-from airflow_plan_provider.testing.seed import seed_tools
+from harness.seed import seed_tools
 
 registry = scripted_registry(*seed_tools(CallLog(os.environ["CALL_LOG"])))
 """

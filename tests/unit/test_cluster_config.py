@@ -1,11 +1,15 @@
-"""What an AirflowCluster configures before it starts anything: the metadata DB's URLs, parallelism."""
+"""What an AirflowCluster configures before it starts anything: the metadata DB's URLs, parallelism, and
+what its processes import."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowCluster, async_database_url
-from airflow_plan_provider.testing.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT
+from harness.cluster import AirflowCluster, async_database_url
+from harness.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT
 
 
 def test_async_url_is_the_same_database_through_the_asyncio_driver():
@@ -56,10 +60,7 @@ def test_a_url_airflow_could_not_open_is_refused_before_anything_starts(tmp_path
 
 def test_only_a_sqlite_cluster_gets_the_sqlite_settings(tmp_path):
     sqlite = AirflowCluster(tmp_path, home=tmp_path / "sqlite").env
-    assert (
-        sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"]
-        == "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
-    )
+    assert sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] == "harness.sqlite.CONNECT_ARGS"
     assert (
         sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"]
         == sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"]
@@ -70,7 +71,7 @@ def test_only_a_sqlite_cluster_gets_the_sqlite_settings(tmp_path):
     # but the API server keeps sqlite3's 5 s (its event loop waits for the lock)
     api_server = AirflowCluster(tmp_path, home=tmp_path / "sqlite")._component_env("api-server")
     assert api_server["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] == (
-        "airflow_plan_provider.testing.sqlite.API_SERVER_CONNECT_ARGS"
+        "harness.sqlite.API_SERVER_CONNECT_ARGS"
     )
     assert API_SERVER_CONNECT_ARGS["timeout"] == 5.0
     url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
@@ -80,3 +81,42 @@ def test_only_a_sqlite_cluster_gets_the_sqlite_settings(tmp_path):
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW",
     } & set(postgres)
+
+
+# What Airflow does with a dotted path in its configuration (airflow.utils.module_loading.import_string)
+IMPORT = (
+    "import importlib, sys; module, _, name = sys.argv[1].rpartition('.'); "
+    "print(getattr(importlib.import_module(module), name))"
+)
+
+
+def test_every_process_imports_what_the_cluster_names_by_dotted_path(tmp_path, monkeypatch):
+    """The cluster names its SQLite settings and its Celery workers' hostname callable to Airflow by
+    dotted path, in a package that is not installed: a component finds them without any ``PYTHONPATH``
+    of the caller's, started in the cluster's home."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    sqlite = AirflowCluster(tmp_path, home=tmp_path / "sqlite")
+    celery = AirflowCluster(
+        tmp_path,
+        home=tmp_path / "celery",
+        database_url="postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1",
+        broker_url="redis://127.0.0.1:6379/0",
+        celery_workers=("worker-a",),
+    )
+    named = [
+        (sqlite, "scheduler", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", str(CONNECT_ARGS)),
+        (sqlite, "api-server", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", str(API_SERVER_CONNECT_ARGS)),
+        (celery, "worker-a", "AIRFLOW__CORE__HOSTNAME_CALLABLE", "<function worker_hostname at"),
+    ]
+    for cluster, component, key, expected in named:
+        env = cluster._component_env(component)
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT, env[key]],
+            env=env,
+            cwd=cluster.home,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, (component, env[key], done.stderr[-2000:])
+        assert done.stdout.startswith(expected), (component, done.stdout)

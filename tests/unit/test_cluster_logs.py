@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_plan_provider.testing.logs import error_lines
+from harness.logs import error_lines
 
 
 def test_error_lines_reads_task_component_and_celery_logs(tmp_path):

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from airflow_plan_provider.testing.cluster import AirflowApiError, AirflowCluster, ClusterTimeout
+from harness.cluster import AirflowApiError, AirflowCluster, ClusterTimeout
 
 
 class Answers:

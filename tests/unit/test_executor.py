@@ -16,7 +16,7 @@ from airflow_plan_provider.plan.result import Event, SessionResult
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.testing.scripted import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_replan_story, seed_tools
+from harness.seed import seed_plan, seed_replan_story, seed_tools
 
 NO_WAIT = NodeExecution(retry_delay=timedelta(0))
 

@@ -10,7 +10,8 @@ import sys
 import textwrap
 import time
 
-from airflow_plan_provider.testing.processes import pid_alive
+from harness.cluster import python_path
+from harness.processes import pid_alive
 
 # A stand-in for a process that starts a cluster: a watchdog, then one "component" (a session leader
 # whose child moved to a process group of its own, as a task process does), registered with it.
@@ -20,7 +21,7 @@ PARENT = textwrap.dedent(
 
     home, stop = sys.argv[1], sys.argv[2] == "stop"
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "airflow_plan_provider.testing.watchdog", str(os.getpid()), home],
+        [sys.executable, "-m", "harness.watchdog", str(os.getpid()), home],
         stdin=subprocess.PIPE, start_new_session=True,
     )
     task = "import subprocess, time; t = subprocess.Popen(['sleep', '600'], process_group=0); "
@@ -43,7 +44,10 @@ PARENT = textwrap.dedent(
 
 def start_parent(home, mode):
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(home), mode], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT, str(home), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": python_path(os.environ.get("PYTHONPATH"))},  # harness.watchdog
     )
     return parent, json.loads(parent.stdout.readline())
 

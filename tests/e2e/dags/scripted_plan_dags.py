@@ -17,7 +17,7 @@ from airflow.sdk import DAG, task
 
 from airflow_plan_provider import NodeExecution, build_plan_dag, plan_task_group
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.testing.seed import seed_plan, seed_revision, seed_tools
+from harness.seed import seed_plan, seed_revision, seed_tools
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
 POOL = "plan_e2e_pool"

@@ -1,6 +1,6 @@
 """Stop a cluster's processes when the process that started it dies without stopping it.
 
-``AirflowCluster`` starts this module as ``python -m airflow_plan_provider.testing.watchdog PARENT [HOME]``
+``AirflowCluster`` starts this module as ``python -m harness.watchdog PARENT [HOME]``
 in a session of its own, before any component, and tells it on stdin, one line each:
 
 - ``start <pid>``: a component was started as the leader of session ``<pid>``;
@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from airflow_plan_provider.testing.processes import family, pid_alive, signal_all
+from harness.processes import family, pid_alive, signal_all
 
 POLL_SECONDS = 0.2
 KILL_SECONDS = 30.0

@@ -4,7 +4,7 @@
 ``airflow triggerer`` as independent processes (each in its own session / process group) against a
 throw-away ``AIRFLOW_HOME`` with a SQLite metadata database and the ``LocalExecutor``, and drives them
 through the public REST API (``/api/v2``). With ``database_url`` (PostgreSQL, e.g. a
-:class:`~airflow_plan_provider.testing.postgres.PostgresDatabase`), ``broker_url`` (Redis) and
+:class:`~harness.postgres.PostgresDatabase`), ``broker_url`` (Redis) and
 ``celery_workers`` it runs the ``CeleryExecutor`` instead, with one ``airflow celery worker`` process per
 worker name; each worker reports its name as the Airflow hostname of the task instances it runs.
 
@@ -15,7 +15,7 @@ and it cannot pollute the test process's Airflow configuration.
 A failed wait raises :class:`ClusterTimeout`, a component that exited :class:`ComponentCrashed` (both
 :class:`ClusterError`, with the components' log tails). Every process the cluster starts is stopped by
 ``stop()``, and, if the process that started the cluster dies first (even by SIGKILL), by a watchdog
-process (:mod:`~airflow_plan_provider.testing.watchdog`).
+process (:mod:`~harness.watchdog`).
 
 Example::
 
@@ -60,8 +60,8 @@ from typing import Any, cast
 
 from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
-from airflow_plan_provider.testing.processes import family, pid_alive, signal_all, terminate_group
-from airflow_plan_provider.testing.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked
+from harness.processes import family, pid_alive, signal_all, terminate_group
+from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked
 
 __all__ = [
     "COMPONENTS",
@@ -115,9 +115,20 @@ class ClusterError(RuntimeError):
         self.diagnostics = diagnostics
 
 
-#: where the SQLite connection arguments are (:mod:`airflow_plan_provider.testing.sqlite`)
-SQLITE_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.CONNECT_ARGS"
-SQLITE_API_SERVER_CONNECT_ARGS = "airflow_plan_provider.testing.sqlite.API_SERVER_CONNECT_ARGS"
+#: where the SQLite connection arguments are (:mod:`harness.sqlite`)
+SQLITE_CONNECT_ARGS = f"{__package__}.sqlite.CONNECT_ARGS"
+SQLITE_API_SERVER_CONNECT_ARGS = f"{__package__}.sqlite.API_SERVER_CONNECT_ARGS"
+
+#: The folder this package is imported from (the repository's root). Airflow imports the SQLite
+#: settings and the Celery workers' hostname callable from this package by dotted path, and the
+#: watchdog runs as one of its modules: every process the cluster starts has the folder first on its
+#: ``PYTHONPATH``, so it imports this package, and the provider of the same checkout.
+IMPORT_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def python_path(current: str | None) -> str:
+    """``PYTHONPATH`` for a process the cluster starts: :data:`IMPORT_ROOT`, then ``current``."""
+    return os.pathsep.join(p for p in (IMPORT_ROOT, current) if p)
 
 
 def _connect_args(where: str) -> dict[str, str]:
@@ -283,14 +294,14 @@ class AirflowCluster:
     :param dags_folder: folder the dag-processor parses (``[core] dags_folder``).
     :param home: ``AIRFLOW_HOME`` to use; a fresh temporary directory (removed on ``stop``) if omitted.
     :param env: extra environment entries merged last (e.g. ``AIRFLOW_CONN_*``, ``PYTHONPATH``,
-        ``AIRFLOW__SECTION__KEY`` overrides).
+        ``AIRFLOW__SECTION__KEY`` overrides); a ``PYTHONPATH`` comes after :data:`IMPORT_ROOT`.
     :param parallelism: ``[core] parallelism`` (LocalExecutor worker count); Airflow's default, 32.
     :param startup_timeout: seconds ``start()`` waits for the API server to answer.
     :param keep_home: keep a temporary home after ``stop()`` (for debugging). An explicit ``home`` is
         never removed.
     :param port: the API server's port on 127.0.0.1; a free one if omitted.
     :param database_url: SQLAlchemy URL of the metadata database, ``sqlite:///...`` or
-        ``postgresql[+psycopg2]://...`` (a :class:`~airflow_plan_provider.testing.postgres.PostgresDatabase`'s
+        ``postgresql[+psycopg2]://...`` (a :class:`~harness.postgres.PostgresDatabase`'s
         ``url``); a SQLite file in ``home`` if omitted. Airflow 3.3 also opens the database through an asyncio
         driver: the cluster sets that URL too (:func:`async_database_url`), and refuses a URL whose
         drivers are not installed.
@@ -435,6 +446,7 @@ class AirflowCluster:
             }
         base.update(cfg)
         base.update({k: str(v) for k, v in extra.items()})
+        base["PYTHONPATH"] = python_path(base.get("PYTHONPATH"))
         return base
 
     # ------------------------------------------------------------------ lifecycle
@@ -465,13 +477,10 @@ class AirflowCluster:
 
     def _start_watchdog(self) -> None:
         """Start the process that stops every component if this process dies without stopping them
-        (see :mod:`~airflow_plan_provider.testing.watchdog`)."""
+        (see :mod:`~harness.watchdog`)."""
         if self._watchdog is not None and self._watchdog.poll() is None:
             return
         temporary_home = self._own_home and not self.keep_home and not os.environ.get("AIRFLOW_E2E_KEEP_HOME")
-        # the package as this process imported it, however it got on sys.path
-        package_root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         with (self.log_dir / "watchdog.log").open("ab") as log:
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-m", f"{__package__}.watchdog", str(os.getpid())]
@@ -480,7 +489,7 @@ class AirflowCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.home,
-                env=os.environ | {"PYTHONPATH": path},
+                env=os.environ | {"PYTHONPATH": python_path(os.environ.get("PYTHONPATH"))},
                 start_new_session=True,  # outlives a kill of this process's group, too
             )
 

@@ -1,4 +1,4 @@
-"""Error-level lines in the logs of an :class:`~airflow_plan_provider.testing.cluster.AirflowCluster`.
+"""Error-level lines in the logs of an :class:`~harness.cluster.AirflowCluster`.
 
 A cluster writes one log per component (``<component>.log``: structlog console lines, and Celery's own
 ``[date: LEVEL/process]`` lines in a worker's) and one per task try (JSON lines with a ``level``) under
