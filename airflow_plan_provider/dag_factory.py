@@ -40,9 +40,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule
 
 from airflow_plan_provider.artifacts import local_store_warning
-from airflow_plan_provider.operators.approval import PlanApprovalOperator
-from airflow_plan_provider.operators.finalize import FinalizePlanOperator
-from airflow_plan_provider.operators.layout import (
+from airflow_plan_provider.contract import (
     APPROVE_TASK,
     FINALIZE_TASK,
     PLAN_TASK,
@@ -51,6 +49,8 @@ from airflow_plan_provider.operators.layout import (
     lane_task_id,
     select_task_id,
 )
+from airflow_plan_provider.operators.approval import PlanApprovalOperator
+from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import NODE_LABEL, PlanNodeOperator
 from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator

@@ -51,8 +51,9 @@ class PlanValidationError(PlanProviderError):
 class PlanningError(PlanProviderError):
     """The planner could not produce a valid plan.
 
-    ``problems`` holds every problem of the last attempt; the message lists the first ones and counts
-    the rest, as :class:`PlanValidationError` does.
+    ``problems`` holds every problem of the last attempt; the message is ``text`` (the error's own
+    words) followed by the first problems and a count of the rest, as :class:`PlanValidationError`
+    lists them.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class PlanningError(PlanProviderError):
         reason: str = "no_plan",
         usage: list[dict[str, int]] | None = None,
     ):
+        self.text = message
         self.problems = list(problems or [])
         self.reason = reason
         self.usage = list(usage or [])  # token usage of every planner call made before giving up

@@ -26,6 +26,14 @@ from dataclasses import dataclass, fields
 from datetime import date
 from typing import Any
 
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    REPLAN_TASK,
+    RESULT_KEY,
+    SESSION_KEY,
+)
 from airflow_plan_provider.exceptions import FreezeError, PlanValidationError
 from airflow_plan_provider.plan.approval import APPROVAL_MODES, is_sensitive_key
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
@@ -196,15 +204,15 @@ class SessionApi:
 
     def session(self, dag_id: str, run_id: str) -> FrozenSource:
         """The final plan of the completed session that run ``run_id`` of DAG ``dag_id`` belongs to."""
-        state = self.xcom(dag_id, run_id, "plan", "session")
+        state = self.xcom(dag_id, run_id, PLAN_TASK, SESSION_KEY)
         if not isinstance(state, Mapping):
             raise FreezeError(f"run {run_id!r} of DAG {dag_id!r} has no plan session (no XCom session)")
         root = str(state.get("root_run_id") or run_id)
         result = None
-        for task_id in ("replan", "finalize"):  # a session that replanned reports through its replan task
-            value = self.xcom(dag_id, root, task_id, "return_value")
+        for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a session that replanned reports through replan
+            value = self.xcom(dag_id, root, task_id, RESULT_KEY)
             reported = isinstance(value, Mapping) and "status" in value
-            if reported and (task_id == "finalize" or value.get("run_ids")):
+            if reported and (task_id == FINALIZE_TASK or value.get("run_ids")):
                 result = value
                 break
         if result is None:
@@ -217,8 +225,8 @@ class SessionApi:
                 f"({result.get('reason')}): only a completed session's plan can be frozen"
             )
         last = str((result.get("run_ids") or [root])[-1])
-        plan = self.xcom(dag_id, last, "plan", "plan")
-        last_state = self.xcom(dag_id, last, "plan", "session") or {}
+        plan = self.xcom(dag_id, last, PLAN_TASK, PLAN_KEY)
+        last_state = self.xcom(dag_id, last, PLAN_TASK, SESSION_KEY) or {}
         if not isinstance(plan, Mapping):
             raise FreezeError(f"run {last!r} of DAG {dag_id!r} published no plan")
         try:

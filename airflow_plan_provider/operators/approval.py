@@ -24,14 +24,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.contract import APPROVAL_KEY, APPROVE_TASK, ApprovalRecord
 from airflow_plan_provider.exceptions import TriggerEventError
-from airflow_plan_provider.operators.layout import (
-    APPROVAL_KEY,
-    APPROVE_TASK,
-    pull_plan,
-    pull_session,
-    task_id_in,
-)
+from airflow_plan_provider.operators.layout import pull_plan, pull_session, task_id_in
 from airflow_plan_provider.plan.approval import (
     APPROVAL_MODES,
     Approval,
@@ -132,7 +127,7 @@ class PlanApprovalOperator(ApprovalOperator):
             earlier = [n.id for n in plan.nodes if n.tool in risky and n.id not in state.locked]
             ti.xcom_push(
                 key=APPROVAL_KEY,
-                value={"status": "not_needed", "revision": state.revision, "approved_earlier": earlier},
+                value=ApprovalRecord.not_needed(state.revision, earlier).model_dump(mode="json"),
             )
             raise AirflowSkipException(
                 "no node needs approval"
@@ -158,7 +153,7 @@ class PlanApprovalOperator(ApprovalOperator):
             approvers=[user["id"] for user in self.assigned_users or []],
             requested_at=now(),
         )
-        ti.xcom_push(key=APPROVAL_KEY, value={**request.model_dump(mode="json"), "status": "requested"})
+        ti.xcom_push(key=APPROVAL_KEY, value=ApprovalRecord.requested(request).model_dump(mode="json"))
         self.log.info("asking for approval of nodes %s (%s)", asked, self.subject)
         super().execute(context)
 
@@ -211,17 +206,11 @@ def record_answer(ti: Any, state: SessionState) -> tuple[SessionState, Approval 
     Returns the answer too, ``None`` when nothing was asked (no approval task, or approval not needed).
     A request with no answer (the approval task ended without one) counts as a rejection.
     """
-    record = ti.xcom_pull(task_ids=task_id_in(ti, APPROVE_TASK), key=APPROVAL_KEY)
-    if not isinstance(record, dict):
+    value = ti.xcom_pull(task_ids=task_id_in(ti, APPROVE_TASK), key=APPROVAL_KEY)
+    if not isinstance(value, dict):
         return state, None
-    if record.get("status") == "not_needed":
-        return record_approval_not_needed(state, record.get("approved_earlier", [])), None
-    if record.get("status") == "requested":
-        record = {
-            **record,
-            "status": "rejected",
-            "calls": {},
-            "message": "the approval task ended unanswered",
-        }
-    approval = Approval.model_validate(record)
+    record = ApprovalRecord.model_validate(value)
+    approval = record.answer()
+    if approval is None:
+        return record_approval_not_needed(state, record.approved_earlier), None
     return record_approval(state, approval), approval

@@ -8,19 +8,17 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_plan_provider.operators._telemetry import emit
-from airflow_plan_provider.operators.approval import record_answer
-from airflow_plan_provider.operators.layout import (
+from airflow_plan_provider.contract import (
     PLAN_TASK,
     PLANNING_ERROR_KEY,
     REPLAN_CONF_KEY,
     REPLAN_TASK,
     RESULT_KEY,
-    pull_node_records,
-    pull_plan,
-    pull_session,
-    task_id_in,
+    PlanningErrorRecord,
 )
+from airflow_plan_provider.operators._telemetry import emit
+from airflow_plan_provider.operators.approval import record_answer
+from airflow_plan_provider.operators.layout import pull_node_records, pull_plan, pull_session, task_id_in
 from airflow_plan_provider.plan.conclusion import conclude, fail_session, finish_session, prepare_replan
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
@@ -89,12 +87,11 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         state = pull_session(ti)
         plan = pull_plan(ti)
         if plan is None:
-            error = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLANNING_ERROR_KEY) or {}
-            reason: Any = error.get("reason", "no_plan")
+            raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLANNING_ERROR_KEY)
+            error = PlanningErrorRecord.model_validate(raw or {"message": "planning did not finish"})
+            reason: Any = error.reason
             reason = "replan_failed" if state.revision > 0 and reason == "invalid_plan" else reason
-            self._fail(
-                ti, state, *fail_session(state, reason, error.get("message", "planning did not finish"))
-            )
+            self._fail(ti, state, *fail_session(state, reason, error.message))
 
         answered, approval = record_answer(ti, state)
         if approval is not None and approval.status == "rejected":  # no node ran

@@ -13,6 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
+from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, node_label
 from airflow_plan_provider.exceptions import (
     PermanentToolError,
     ReplanRequested,
@@ -21,7 +22,6 @@ from airflow_plan_provider.exceptions import (
 )
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
-    NODE_KEY,
     group_prefix,
     pull_locked,
     pull_node_records,
@@ -29,7 +29,6 @@ from airflow_plan_provider.operators.layout import (
     pull_run_context,
 )
 from airflow_plan_provider.operators.node_wait import SlotWait
-from airflow_plan_provider.operators.run_report import node_label
 from airflow_plan_provider.plan.budgets import step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 NODE_LABEL = "plan_node_label"
-POLLING_KEY = "polling"
 PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")

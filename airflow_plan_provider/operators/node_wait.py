@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_plan_provider.operators.layout import group_prefix, locations, node_tasks, task_id_in
+from airflow_plan_provider.contract import locations, node_tasks
+from airflow_plan_provider.operators.layout import group_prefix, task_id_in
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import RunContext

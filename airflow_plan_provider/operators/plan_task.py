@@ -20,24 +20,25 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_plan_provider import artifacts
-from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
-from airflow_plan_provider.operators._telemetry import emit, span
-from airflow_plan_provider.operators.layout import (
+from airflow_plan_provider.contract import (
     NODES_TASK,
     PLAN_KEY,
     PLANNING_ERROR_KEY,
     RUN_CONTEXT_KEY,
     SESSION_KEY,
+    PlanningErrorRecord,
     lane_of,
     locked_key,
     node_tasks,
 )
+from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
+from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.operators.session_trust import verified_session
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, describe
+from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, clip, describe
 from airflow_plan_provider.plan.session import (
     PlanSource,
     SessionState,
@@ -223,7 +224,7 @@ class PlanOperator(BaseOperator):
             self.log.error("plan problem: %s", problem)
         if more:
             self.log.error("plan problem: ... and %s more problem(s)", more)
-        text = _error_text(error)
+        text = clip(error.text, MAX_MESSAGE_CHARS)
         message = f"{text}\n{describe(error.problems)}" if error.problems else text
         failed = record_planning_failure(
             state,
@@ -235,7 +236,10 @@ class PlanOperator(BaseOperator):
         )
         self._publish(state, failed)
         ti.xcom_push(key=SESSION_KEY, value=failed.model_dump(mode="json"))
-        ti.xcom_push(key=PLANNING_ERROR_KEY, value={"reason": error.reason, "message": message})
+        ti.xcom_push(
+            key=PLANNING_ERROR_KEY,
+            value=PlanningErrorRecord(reason=error.reason, message=message).model_dump(mode="json"),
+        )
         # "from None": the cause's text is the uncapped problem list
         raise AirflowFailException(message) from None
 
@@ -395,14 +399,6 @@ def _kept_reply(value: Any) -> dict[str, Any] | None:
     if not isinstance(rejected, list) or not all(isinstance(r, list) for r in rejected):
         return None
     return {"reply": value["reply"], "attempts": attempts, "usage": usage, "rejected": rejected}
-
-
-def _error_text(error: PlanningError) -> str:
-    """The error's own text without the problem list it may append, clipped to MAX_MESSAGE_CHARS."""
-    text = str(error).split("\n  - ", 1)[0].split("\n  ... and ", 1)[0]
-    if len(text) > MAX_MESSAGE_CHARS:
-        text = f"{text[:MAX_MESSAGE_CHARS]}... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
-    return text
 
 
 def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:

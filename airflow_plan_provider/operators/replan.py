@@ -13,9 +13,14 @@ from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID, Tri
 from airflow.providers.standard.triggers.external_task import DagStateTrigger
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    REPLAN_CONF_KEY,
+    RESULT_KEY,
+    ReplanConf,
+    session_outcome,
+)
 from airflow_plan_provider.exceptions import TriggerEventError
-from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY, RESULT_KEY
-from airflow_plan_provider.operators.run_report import session_outcome
 from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.triggers.payloads import validate_dag_state_event
 
@@ -57,18 +62,18 @@ class ReplanOperator(TriggerDagRunOperator):
         conf = ti.xcom_pull(task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY)
         if not conf:
             raise AirflowSkipException("no replan was prepared")
-        session = conf["session"]
+        session = ReplanConf.model_validate(conf).state
         if self.trigger_dag_id != ti.dag_id:
             raise AirflowFailException(
                 f"replan task {ti.task_id!r} has trigger_dag_id {self.trigger_dag_id!r}; a replan run is "
                 f"a run of the same DAG, {ti.dag_id!r}"
             )
         self.conf = conf
-        self.trigger_run_id = replan_run_id(session["root_run_id"], session["revision"])
-        self.note = f"revision {session['revision']} of {session['root_run_id']} (parent {ti.run_id})"
+        self.trigger_run_id = replan_run_id(session.root_run_id, session.revision)
+        self.note = f"revision {session.revision} of {session.root_run_id} (parent {ti.run_id})"
         if ti.get_dr_count(dag_id=ti.dag_id, run_ids=[self.trigger_run_id]) > 0:
             return self._wait_for_existing(context, self.trigger_run_id)
-        self.log.info("starting revision %s as run %s", session["revision"], self.trigger_run_id)
+        self.log.info("starting revision %s as run %s", session.revision, self.trigger_run_id)
         super().execute(context)
         return None
 

@@ -7,14 +7,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_plan_provider.operators.layout import (
-    APPROVAL_KEY,
-    approval_lets_nodes_run,
-    node_tasks,
-    pull_plan,
-    pull_run_context,
-    task_id_in,
-)
+from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, node_tasks
+from airflow_plan_provider.operators.layout import pull_plan, pull_run_context, task_id_in
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -22,7 +16,8 @@ if TYPE_CHECKING:
 
 class LaneSelectOperator(BaseOperator):
     """Return the node ids the node task ``node_task`` (``nodes__<pool>``) maps in this run, in the
-    plan's run order (see ``layout.node_tasks``); empty when the plan has no node in that lane.
+    plan's run order (see :func:`~airflow_plan_provider.contract.node_tasks`); empty when the plan has
+    no node in that lane.
 
     Airflow expands a mapped task over another task's return value only, so each pool lane maps over a
     task of its own. Skips itself (so its node task is skipped) when planning failed, or when the DAG

@@ -12,8 +12,8 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
+from airflow_plan_provider.contract import FINALIZE_TASK, REPLAN_CONF_KEY
 from airflow_plan_provider.exceptions import PlanningError
-from airflow_plan_provider.operators.layout import FINALIZE_TASK, REPLAN_CONF_KEY
 from airflow_plan_provider.plan.session import SessionState, replan_run_id
 
 

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from airflow_plan_provider.operators.layout import (
+from airflow_plan_provider.contract import (
     FINALIZE_TASK,
     NODE_KEY,
     PLAN_KEY,

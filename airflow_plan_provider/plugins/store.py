@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from airflow_plan_provider.operators.layout import NODE_KEY, PLAN_TASK, SESSION_KEY
+from airflow_plan_provider.contract import NODE_KEY, PLAN_TASK, SESSION_KEY
 from airflow_plan_provider.plugins.data import XCOM_KEYS, RunData, chain_candidates, root_of, session_chain
 
 

@@ -29,14 +29,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from unittest.mock import patch
 
-from airflow_plan_provider.operators.layout import (
+from airflow_plan_provider.contract import (
     FINALIZE_TASK,
     PLAN_TASK,
     REPLAN_CONF_KEY,
     REPLAN_TASK,
     RESULT_KEY,
+    ReplanConf,
+    labelled_node,
+    session_outcome,
 )
-from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import replan_run_id
 
@@ -119,8 +121,8 @@ def run_session(
             return  # nothing to start: the replan task skips itself
         if 1 + len(runs) >= max_runs:  # the root run, and the revisions started so far
             raise SessionError(f"session of {dag.dag_id!r} needs more than max_runs={max_runs} runs")
-        session = prepared["session"]
-        run_id = replan_run_id(session["root_run_id"], session["revision"])
+        state = ReplanConf.model_validate(prepared).state
+        run_id = replan_run_id(state.root_run_id, state.revision)
         runs.append(_test(dag, prepared, run_id=run_id))
 
     _write_to_db(dag)

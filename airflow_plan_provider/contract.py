@@ -1,0 +1,286 @@
+"""The contract between the tasks of a plan DAG: their ids, the XComs they publish, and each XCom's shape.
+
+One plan DAG (or one :func:`~airflow_plan_provider.dag_factory.plan_task_group`) has these tasks::
+
+    plan ─┬─ approve ─┬─ nodes                      (mapped: one instance per node of the default lane)
+          │           └─ select_nodes__<lane> ── nodes__<lane>   (one pair per pool lane)
+          └──────────────────────────────────── finalize ── replan
+
+and each publishes these XComs (task → key: shape):
+
+- ``plan`` → ``plan``: :class:`~airflow_plan_provider.plan.model.ValidatedPlan`; ``session``:
+  :class:`~airflow_plan_provider.plan.session.SessionState`; ``run``:
+  :class:`~airflow_plan_provider.plan.session.RunContext`; ``locked__<node>``:
+  :class:`~airflow_plan_provider.plan.session.LockedOutput` (one per reused node); ``planning_error``:
+  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the default lane's node ids.
+- ``select_nodes__<lane>`` → ``return_value``: the lane's node ids.
+- ``approve`` → ``approval``: :class:`ApprovalRecord`.
+- ``nodes`` / ``nodes__<lane>`` (each instance) → ``node``:
+  :class:`~airflow_plan_provider.plan.result.NodeRecord` (as :meth:`~.NodeRecord.pushed`); ``polling``:
+  :class:`PollingRecord` (while an asynchronous job runs, and after).
+- ``finalize`` → ``return_value``: :class:`~airflow_plan_provider.plan.result.SessionResult`;
+  ``replan_conf``: :class:`ReplanConf` (when a replan is due).
+- ``replan`` → ``return_value``: the :class:`~airflow_plan_provider.plan.result.SessionResult` of the
+  rest of the chain.
+
+Inside a task group every task id carries the group's prefix (``triage.plan``); the ids here are the
+unprefixed ones, and each reader adds the prefix of the plan it reads. Which node runs in which task
+instance is decided here too (:func:`node_tasks`), as is how a run reports its outcome
+(:func:`session_outcome`) and labels its node instances (:func:`node_label`). This module imports no
+Airflow: the plugin, ``freeze`` and the command line read runs through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.result import SessionResult
+from airflow_plan_provider.plan.session import RunContext, SessionState
+from airflow_plan_provider.tools.registry import Tool
+
+# ------------------------------------------------------------------------------------------------ task ids
+
+PLAN_TASK = "plan"
+APPROVE_TASK = "approve"
+NODES_TASK = "nodes"  # the default lane's node task; a pool's lane is ``nodes__<lane>``
+FINALIZE_TASK = "finalize"
+REPLAN_TASK = "replan"
+LANE_SEPARATOR = "__"
+SELECT_PREFIX = "select_"  # a pool lane's select task: ``select_nodes__<lane>``
+
+# ------------------------------------------------------------------------------------------------ XCom keys
+
+RESULT_KEY = "return_value"  # Airflow's key of what a task returns
+PLAN_KEY = "plan"  # of plan: the ValidatedPlan
+SESSION_KEY = "session"  # of plan: the SessionState
+RUN_CONTEXT_KEY = "run"  # of plan: the RunContext (what the node tasks need of the session)
+PLANNING_ERROR_KEY = "planning_error"  # of plan: a PlanningErrorRecord
+LOCKED_PREFIX = "locked__"  # of plan: ``locked__<node>``, a reused node's LockedOutput
+APPROVAL_KEY = "approval"  # of approve: an ApprovalRecord
+NODE_KEY = "node"  # of each node instance: its NodeRecord
+POLLING_KEY = "polling"  # of a node instance waiting for its asynchronous job: a PollingRecord
+REPLAN_CONF_KEY = "replan_conf"  # of finalize: the ReplanConf of the next revision's run
+
+#: Between the node id and the action in a node instance's label (node ids have no spaces).
+LABEL_SEPARATOR = " · "
+
+
+def lane_task_id(lane: str | None) -> str:
+    """The node task of ``lane``: ``nodes`` for the default lane, ``nodes__<lane>`` for a pool's."""
+    return f"{NODES_TASK}{LANE_SEPARATOR}{lane}" if lane else NODES_TASK
+
+
+def select_task_id(node_task: str) -> str:
+    """The task returning the node ids a pool lane's task maps (``select_nodes__api``)."""
+    return f"{SELECT_PREFIX}{node_task}"
+
+
+def is_node_task(task_id: str) -> bool:
+    """Whether ``task_id`` (unprefixed) is a node task: ``nodes`` or a pool lane's ``nodes__<lane>``."""
+    return task_id == NODES_TASK or task_id.startswith(NODES_TASK + LANE_SEPARATOR)
+
+
+def locked_key(node_id: str) -> str:
+    """The XCom key (of ``plan``) holding a reused node's locked output."""
+    return f"{LOCKED_PREFIX}{node_id}"
+
+
+def node_label(node_id: str, action: str) -> str:
+    """The label of a node's task instance (its rendered map index in the grid)."""
+    return f"{node_id}{LABEL_SEPARATOR}{action}"
+
+
+def labelled_node(label: str | None) -> str | None:
+    """The node id a task instance's label names, or None for an unlabelled instance."""
+    return label.split(LABEL_SEPARATOR, 1)[0] if label else None
+
+
+# ---------------------------------------------------------------------------------------- where nodes run
+
+
+def lane_of(tool: Tool) -> str | None:
+    """The lane of the nodes calling ``tool``: its pool, with the slot count when it takes more than one;
+    None (the default lane) for a tool without a pool."""
+    if not tool.pool:
+        return None
+    return tool.pool if tool.pool_slots == 1 else f"{tool.pool}{LANE_SEPARATOR}x{tool.pool_slots}"
+
+
+def dag_lanes(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """Lane → a tool that runs in it (its pool and slots), for every pooled tool; sorted by lane.
+
+    Raises ``ValueError`` when two different (pool, slots) pairs would share a lane name.
+    """
+    lanes: dict[str, Tool] = {}
+    for tool in sorted(tools, key=lambda t: t.name):
+        lane = lane_of(tool)
+        if lane is None:
+            continue
+        other = lanes.setdefault(lane, tool)
+        if (other.pool, other.pool_slots) != (tool.pool, tool.pool_slots):
+            raise ValueError(
+                f"tools {other.name!r} (pool {other.pool!r}, {other.pool_slots} slot(s)) and {tool.name!r} "
+                f"(pool {tool.pool!r}, {tool.pool_slots} slot(s)) would share the node tasks "
+                f"{lane_task_id(lane)!r}: rename one of the pools"
+            )
+    return dict(sorted(lanes.items()))
+
+
+def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
+    """Node task id → the node ids it maps, in map-index order: where every node of the run runs.
+
+    Nodes run in the mapped task ``nodes``, except nodes whose tool declares an Airflow pool: Airflow
+    gives every instance of a mapped task the task's pool, so those run in a lane of their own,
+    ``nodes__<lane>`` (the planning task records each pooled node's lane in ``run.lanes``). In every task
+    the map-index order is the plan's run order
+    (:attr:`~airflow_plan_provider.plan.model.ValidatedPlan.run_order`: a parent before its children):
+    among instances of equal priority weight Airflow's scheduler hands out slots in map-index order. A
+    task with no node is absent.
+    """
+    tasks: dict[str, list[str]] = {}
+    for node in plan.run_order:
+        tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
+    return tasks
+
+
+def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:
+    """The task id and map index of a node's task instance."""
+    task_id = lane_task_id(run.lanes.get(node_id))
+    return task_id, node_tasks(plan, run)[task_id].index(node_id)
+
+
+def locations(plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str]) -> dict[str, list[int]]:
+    """Task id → map indexes of the given nodes' task instances."""
+    found: dict[str, list[int]] = {}
+    for node_id in node_ids:
+        task_id, index = node_location(plan, run, node_id)
+        found.setdefault(task_id, []).append(index)
+    return found
+
+
+# ------------------------------------------------------------------------------------ what tasks publish
+
+
+class PlanningErrorRecord(BaseModel):
+    """Why planning failed (XCom ``planning_error`` of ``plan``): what finalize reports and the plan view
+    shows. ``message`` is the error's own text followed by its problem list (the first ones and a count
+    of the rest)."""
+
+    reason: str = "no_plan"
+    message: str = ""
+
+
+ApprovalStatus = Literal["not_needed", "requested", "granted", "rejected"]
+
+
+class ApprovalRecord(BaseModel):
+    """What the approval task publishes (XCom ``approval``).
+
+    ``not_needed``: nothing was asked (``approved_earlier`` names the risky nodes approved earlier in the
+    session). ``requested``: the request, not answered yet. ``granted`` / ``rejected``: the answer. The
+    request and the answer carry the fields of :class:`~airflow_plan_provider.plan.approval.Approval`.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    status: ApprovalStatus
+    revision: int = 0
+    approved_earlier: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def not_needed(cls, revision: int, approved_earlier: Iterable[str]) -> ApprovalRecord:
+        return cls(status="not_needed", revision=revision, approved_earlier=list(approved_earlier))
+
+    @classmethod
+    def requested(cls, request: Approval) -> ApprovalRecord:
+        return cls.model_validate({**request.model_dump(mode="json"), "status": "requested"})
+
+    @property
+    def lets_nodes_run(self) -> bool:
+        """Whether the run's nodes may run: approval was granted or not needed."""
+        return self.status in ("granted", "not_needed")
+
+    def answer(self) -> Approval | None:
+        """The answer as an :class:`Approval`: None when nothing was asked; a request never answered (the
+        approval task ended without an answer) is a rejection."""
+        if self.status == "not_needed":
+            return None
+        fields = self.model_dump(mode="json", exclude={"approved_earlier"})
+        if self.status == "requested":
+            fields |= {"status": "rejected", "calls": {}, "message": "the approval task ended unanswered"}
+        return Approval.model_validate(fields)
+
+
+def approval_lets_nodes_run(value: Any) -> bool:
+    """Whether the approval task's XCom ``approval`` lets the run's nodes run. No record (the task never
+    answered), or anything that is not one, does not."""
+    try:
+        return ApprovalRecord.model_validate(value).lets_nodes_run
+    except ValidationError:
+        return False
+
+
+class PollingRecord(BaseModel):
+    """A node's asynchronous job (XCom ``polling`` of the node's instance): what the job is, since when,
+    and, once the node resumed, until when and how it ended; the node's record keeps the same under
+    ``polling``. While the job runs the record also carries what the node needs when it resumes: the
+    missing inputs, when the try started and its events so far."""
+
+    model_config = ConfigDict(extra="allow")
+
+    handle: Any = None
+    since: str | None = None
+    timeout: float | None = None
+    key: str | None = None
+    until: str | None = None
+    outcome: str | None = None
+    missing: list[str] = Field(default_factory=list)
+    started: str | None = None
+    events: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ReplanConf(BaseModel):
+    """The conf of the next revision's run (XCom ``replan_conf`` of ``finalize``): the goal, and the
+    session so far as JSON (the planning task of that run verifies it against this XCom)."""
+
+    goal: str = ""
+    session: dict[str, Any]
+
+    @property
+    def state(self) -> SessionState:
+        return SessionState.model_validate(self.session)
+
+
+# ------------------------------------------------------------------------------- how a run reports
+
+
+def as_result(value: Any) -> SessionResult | None:
+    """``value`` as a :class:`SessionResult`, or None when it is missing or is not one."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return SessionResult.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def session_outcome(read: Callable[[str], Any]) -> SessionResult | None:
+    """The outcome of the session as one run reports it.
+
+    A run's own result is ``finalize``'s ``return_value``. When that result is ``replanned``, the run
+    handed over to its next revision, and the session's outcome is the ``return_value`` of the run's
+    ``replan`` task, which reports the rest of the chain (completed, or failed and why).
+
+    :param read: ``task_id`` → that task's ``return_value`` XCom in the run (None when it has none).
+    :return: ``finalize``'s result, or, when the run replanned, its ``replan`` task's result for the
+        rest of the chain; None while the run (or the rest of its chain) has not reported yet.
+    """
+    result = as_result(read(FINALIZE_TASK))
+    if result is None or result.status != "replanned":
+        return result
+    return as_result(read(REPLAN_TASK))

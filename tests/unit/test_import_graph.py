@@ -1,0 +1,117 @@
+"""The package's import graph (files as nodes, imports as edges, those inside functions too) keeps its floors.
+
+Each rule forbids edges from one set of files to another; a rule is one more line in :data:`RULES`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "airflow_plan_provider"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """No file matching ``sources`` imports a file matching ``targets`` (paths inside the package, glob
+    patterns)."""
+
+    name: str
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+
+
+RULES = [
+    Rule("the plugin and freeze read runs through the contract, not the operators",
+         ("plugins/*", "freeze.py"), ("operators/*",)),
+]  # fmt: skip
+# To come, once plan/executor.py (the local runner, which imports both) has left the core's folder:
+# Rule("the pure core knows neither the settings nor the planners",
+#      ("plan/*",), ("settings.py", "planners/*")),
+
+
+def module_file(module: str) -> str | None:
+    """The package file (path inside the package) of a dotted module name, or None when not ours."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate.relative_to(ROOT / PACKAGE).as_posix()
+    return None
+
+
+def imported_modules(source: str, package: tuple[str, ...]) -> set[str]:
+    """Every module a file of ``package`` (its dotted parts) with this source imports, anywhere in the
+    file: ``import a.b``; ``from a import b`` gives ``a`` and ``a.b`` (kept when it is a module);
+    relative imports resolved."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else ()
+            base = ".".join([*anchor, *(node.module.split(".") if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """File → the package files it imports (paths inside the package)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        package = path.relative_to(ROOT).parts[:-1]
+        modules = imported_modules(path.read_text(encoding="utf-8"), package)
+        targets = {module_file(module) for module in modules}
+        graph[path.relative_to(ROOT / PACKAGE).as_posix()] = {t for t in targets if t is not None}
+    return graph
+
+
+def matches(path: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch(path, pattern) for pattern in patterns)
+
+
+def violations(graph: dict[str, set[str]], rule: Rule) -> list[tuple[str, str]]:
+    return sorted(
+        (source, target)
+        for source, targets in graph.items()
+        if matches(source, rule.sources)
+        for target in targets
+        if matches(target, rule.targets)
+    )
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    assert "contract.py" in graph["freeze.py"]  # a module-level ``from ... import``
+    assert "plugins/app.py" in graph["plugins/plugin.py"]  # an import inside a function
+    assert "operators/layout.py" in graph["operators/node.py"]
+    assert {"plan/model.py", "plan/session.py"} <= graph["contract.py"]
+    for rule in RULES:  # a rule whose patterns match no file would hold for nothing
+        assert any(matches(path, rule.sources) for path in graph), rule.name
+        assert any(matches(path, rule.targets) for path in graph), rule.name
+
+
+def test_a_forbidden_edge_is_found() -> None:
+    graph = {"plugins/data.py": {"operators/layout.py", "contract.py"}, "freeze.py": {"contract.py"}}
+    assert violations(graph, RULES[0]) == [("plugins/data.py", "operators/layout.py")]
+
+
+def test_relative_and_function_level_imports_are_found() -> None:
+    source = "def f():\n    from .layout import pull_plan\n    from .. import contract\n    import json\n"
+    modules = imported_modules(source, (PACKAGE, "operators"))
+    assert {f"{PACKAGE}.operators.layout", f"{PACKAGE}.contract", "json"} <= modules
+    assert module_file(f"{PACKAGE}.operators.layout.pull_plan") is None  # a name, not a module
+    assert module_file(f"{PACKAGE}.operators.layout") == "operators/layout.py"
+    assert module_file(f"{PACKAGE}.plugins") == "plugins/__init__.py"
+
+
+def test_no_import_breaks_a_rule() -> None:
+    graph = import_graph()
+    broken = {rule.name: found for rule in RULES if (found := violations(graph, rule))}
+    assert broken == {}
