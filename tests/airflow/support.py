@@ -9,6 +9,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from airflow_plan_provider.contract import RESULT_KEY
+
 
 @cache
 def migrate_db() -> None:
@@ -28,7 +30,7 @@ def task_states(dag_run: Any) -> dict[str, str]:
         }
 
 
-def xcom(dag_run: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
+def xcom(dag_run: Any, task_id: str, key: str = RESULT_KEY, map_index: int = -1) -> Any:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 

@@ -13,6 +13,15 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import ApprovalPolicy, Budgets, NodeExecution
+from airflow_plan_provider.contract import (
+    APPROVAL_KEY,
+    APPROVE_TASK,
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_TASK,
+    lane_task_id,
+    select_task_id,
+)
 from airflow_plan_provider.plan.approval import (
     Approval,
     approved_calls,
@@ -227,14 +236,14 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
         registry(log),
         approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=3)),
     )
-    approve = dag.get_task("approve")
-    assert approve.upstream_task_ids == {"plan"}
-    assert approve.downstream_task_ids == {"nodes"}
+    approve = dag.get_task(APPROVE_TASK)
+    assert approve.upstream_task_ids == {PLAN_TASK}
+    assert approve.downstream_task_ids == {NODES_TASK}
     assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
     assert approve.response_timeout == timedelta(minutes=3) and approve.defaults == ["Reject"]
     # a skipped approval (none needed) lets the nodes run; a failed plan or approval does not
-    assert dag.get_task("nodes").upstream_task_ids == {"plan", "approve"}
-    assert dag.get_task("nodes").trigger_rule == "none_failed_min_one_success"
+    assert dag.get_task(NODES_TASK).upstream_task_ids == {PLAN_TASK, APPROVE_TASK}
+    assert dag.get_task(NODES_TASK).trigger_rule == "none_failed_min_one_success"
 
     # with a pooled tool, every lane's node task waits for the answer, and so does the lane's select
     pooled = build(
@@ -244,22 +253,27 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
             ScriptedTool("purge", log=log, returns=2, needs_approval=True),
         ),
     )
-    assert pooled.get_task("approve").downstream_task_ids == {
-        "nodes",
-        "nodes__ticket_api",
-        "select_nodes__ticket_api",
+    assert pooled.get_task(APPROVE_TASK).downstream_task_ids == {
+        NODES_TASK,
+        lane_task_id("ticket_api"),
+        select_task_id(lane_task_id("ticket_api")),
     }
-    assert pooled.get_task("nodes__ticket_api").trigger_rule == "none_failed_min_one_success"
-    assert pooled.get_task("select_nodes__ticket_api").trigger_rule == "none_failed_min_one_success"
-    assert pooled.get_task("select_nodes__ticket_api").approval_task_id == "approve"
+    assert pooled.get_task(lane_task_id("ticket_api")).trigger_rule == "none_failed_min_one_success"
+    assert (
+        pooled.get_task(select_task_id(lane_task_id("ticket_api"))).trigger_rule
+        == "none_failed_min_one_success"
+    )
+    assert pooled.get_task(select_task_id(lane_task_id("ticket_api"))).approval_task_id == APPROVE_TASK
 
-    assert "approve" not in build("apv_safe", registry(log, risky=False)).task_ids
-    assert "approve" not in build("apv_never", registry(log), approval=ApprovalPolicy(mode="never")).task_ids
+    assert APPROVE_TASK not in build("apv_safe", registry(log, risky=False)).task_ids
+    assert (
+        APPROVE_TASK not in build("apv_never", registry(log), approval=ApprovalPolicy(mode="never")).task_ids
+    )
     always = build("apv_always", registry(log, risky=False), approval=ApprovalPolicy(mode="always"))
-    assert "approve" in always.task_ids
+    assert APPROVE_TASK in always.task_ids
     # tools named by a spec string are loaded when the DAG is built: the demo's tools are not risky
-    assert "approve" not in build("apv_spec", "plan_demo.tools:registry").task_ids
-    assert build("apv_none", registry(log, risky=False)).get_task("nodes").trigger_rule == "all_success"
+    assert APPROVE_TASK not in build("apv_spec", "plan_demo.tools:registry").task_ids
+    assert build("apv_none", registry(log, risky=False)).get_task(NODES_TASK).trigger_rule == "all_success"
     with pytest.raises(ValueError, match=r"ApprovalPolicy\.mode must be one of"):
         build("apv_bad", registry(log), approval=ApprovalPolicy(mode="maybe"))
     with pytest.raises(ValueError, match=r"ApprovalPolicy\.timeout must be a timedelta > 0"):
@@ -277,13 +291,13 @@ def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) ->
     run = run_plan_dag(build("apv_not_needed", registry(log)), {"goal": "g"})
     states = task_states(run)
     assert str(run.state) == "success"
-    assert states["approve"] == "skipped" and states["nodes[0]"] == "success"
-    assert xcom(run, "approve", key="approval") == {
+    assert states[APPROVE_TASK] == "skipped" and states[f"{NODES_TASK}[0]"] == "success"
+    assert xcom(run, APPROVE_TASK, key=APPROVAL_KEY) == {
         "status": "not_needed",
         "revision": 0,
         "approved_earlier": [],
     }
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert result["status"] == "completed" and result["approvals"] == []
     types = [e["type"] for e in result["events"]]
     assert types[:3] == ["plan.created", "plan.validated", "approval.not_needed"]

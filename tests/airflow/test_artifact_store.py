@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import ArtifactStore, artifacts
+from airflow_plan_provider.contract import FINALIZE_TASK
 
 CELERY_WARNING = "the plan artifact store is the local folder"
 
@@ -137,7 +138,7 @@ def test_the_planning_task_log_warns_on_a_distributed_executor(
     capsys.readouterr()
     run = run_plan_dag(dag)
     assert str(run.state) == "success"
-    assert xcom(run, "finalize")["outputs"] == {"1": "ok"}
+    assert xcom(run, FINALIZE_TASK)["outputs"] == {"1": "ok"}
     # the task log (printed by dag.test): one warning line, from the planning task
     lines = [line for line in capsys.readouterr().out.splitlines() if CELERY_WARNING in line]
     assert len(lines) == 1, lines

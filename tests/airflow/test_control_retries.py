@@ -17,6 +17,14 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import Budgets, NodeExecution
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_TASK,
+    REPLAN_TASK,
+    lane_task_id,
+    select_task_id,
+)
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from tests.airflow.support import xcom
@@ -123,10 +131,10 @@ def test_every_task_but_the_nodes_retries_promptly_by_default(tmp_path):
             4,
         ),
     ):
-        node_tasks = {"nodes", "nodes__api"}
+        node_tasks = {NODES_TASK, lane_task_id("api")}
         control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if t.task_id not in node_tasks}
         assert {t.task_id for t in dag.tasks} - set(control) == node_tasks
-        assert set(control) == {"plan", "select_nodes__api", "finalize", "replan"}
+        assert set(control) == {PLAN_TASK, select_task_id(lane_task_id("api")), FINALIZE_TASK, REPLAN_TASK}
         assert set(control.values()) == {(3, timedelta(seconds=5))}, control
         assert {t.retries for t in dag.tasks if t.task_id in node_tasks} == {node_retries}
 
@@ -142,9 +150,12 @@ def test_control_retries_are_one_setting(tmp_path):
         tools=registry,
         control_retries=ControlRetries(retries=1, delay=timedelta(seconds=2)),
     )
-    control = {t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if not t.task_id.startswith("nodes")}
+    control = {
+        t.task_id: (t.retries, t.retry_delay) for t in dag.tasks if not t.task_id.startswith(NODES_TASK)
+    }
     assert control == dict.fromkeys(
-        ("plan", "select_nodes__api", "finalize", "replan"), (1, timedelta(seconds=2))
+        (PLAN_TASK, select_task_id(lane_task_id("api")), FINALIZE_TASK, REPLAN_TASK),
+        (1, timedelta(seconds=2)),
     )
     with pytest.raises(ValueError, match=r"ControlRetries.retries must be an integer >= 0, got -1"):
         ControlRetries(retries=-1)
@@ -162,8 +173,8 @@ def test_planning_lost_mid_call_asks_the_planner_again(tmp_path):
     planner = CountingPlanner(tmp_path, LINEAR | {"nodes": LINEAR["nodes"][:1]}, crash_first=True)
     run = run_plan_dag(build("plan_lost_mid_call", planner, log), {"goal": "g"})
     assert str(run.state) == "success"
-    assert planner.count() == 2 and tries(run)["plan"] == 2
-    assert xcom(run, "finalize")["status"] == "completed"
+    assert planner.count() == 2 and tries(run)[PLAN_TASK] == 2
+    assert xcom(run, FINALIZE_TASK)["status"] == "completed"
     assert log.count("a") == 1
 
 
@@ -176,12 +187,12 @@ def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
     planner = CountingPlanner(tmp_path, LINEAR | {"nodes": LINEAR["nodes"][:1]})
     run = run_plan_dag(build("plan_lost_after", planner, log), {"goal": "g"})
     assert str(run.state) == "success"
-    assert planner.count() == 1 and tries(run)["plan"] == 2  # the retry reused the validated plan
-    result = xcom(run, "finalize")
+    assert planner.count() == 1 and tries(run)[PLAN_TASK] == 2  # the retry reused the validated plan
+    result = xcom(run, FINALIZE_TASK)
     assert result["status"] == "completed" and log.count("a") == 1
     created = [e for e in result["events"] if e["type"] == "plan.created"]
     assert len(created) == 1 and created[0]["data"]["attempts"] == 1
-    kept = task_state(run, "plan", ACCEPTED_REPLY_KEY)
+    kept = task_state(run, PLAN_TASK, ACCEPTED_REPLY_KEY)
     assert kept["reply"]["nodes"][0]["tool"] == "a" and kept["attempts"] == 1
 
 
@@ -210,8 +221,8 @@ def test_finalize_lost_after_its_work_recomputes_and_the_chain_completes(tmp_pat
     runs = run_session(build("finalize_lost", replanning(), log), {"goal": "g"}).runs
     assert len(runs) == 2 and [str(r.state) for r in runs] == ["success", "success"]
     # the replan run accepted the conf the retried finalize prepared; no node ran twice
-    assert [tries(r)["finalize"] for r in runs] == [2, 2]
-    result = xcom(runs[-1], "finalize")
+    assert [tries(r)[FINALIZE_TASK] for r in runs] == [2, 2]
+    result = xcom(runs[-1], FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert (log.count("a"), log.count("b"), log.count("b2")) == (1, 1, 1)
     assert sorted(e["tool"] for e in log.side_effects()) == ["a", "b2"]
@@ -231,7 +242,7 @@ def replan_again(dag: Any, dag_run: Any) -> Any:
     with create_session() as session:
         ti = (
             session.query(TaskInstance)
-            .filter_by(dag_id=dag.dag_id, run_id=dag_run.run_id, task_id="replan")
+            .filter_by(dag_id=dag.dag_id, run_id=dag_run.run_id, task_id=REPLAN_TASK)
             .one()
         )
         ti.try_number += 1
@@ -239,7 +250,7 @@ def replan_again(dag: Any, dag_run: Any) -> Any:
         session.commit()
         session.refresh(ti)
         session.expunge(ti)
-    _run_task(ti=ti, task=dag.task_dict["replan"], run_triggerer=True)
+    _run_task(ti=ti, task=dag.task_dict[REPLAN_TASK], run_triggerer=True)
     with create_session() as session:
         return session.query(TaskInstance).filter_by(id=ti.id).one()
 
@@ -267,8 +278,8 @@ def test_replan_retry_reports_the_run_an_earlier_try_started(tmp_path):
     ti = replan_again(dag, root)
     assert str(ti.state) == "success"  # not DagRunAlreadyExists
     assert run_ids(dag.dag_id) == sorted([root.run_id, child.run_id])
-    assert xcom(root, "replan") == xcom(child, "finalize")
-    assert xcom(root, "replan", key="trigger_run_id") == child.run_id  # the task's link to the run
+    assert xcom(root, REPLAN_TASK) == xcom(child, FINALIZE_TASK)
+    assert xcom(root, REPLAN_TASK, key="trigger_run_id") == child.run_id  # the task's link to the run
 
 
 def test_replan_retry_waits_deferred_for_the_run_an_earlier_try_started(tmp_path):
@@ -292,7 +303,7 @@ def test_replan_retry_waits_deferred_for_the_run_an_earlier_try_started(tmp_path
     assert str(ti.state) == "success"
     assert ti.end_date.timestamp() >= finished[0]  # it reported only after the child finished
     assert run_ids(dag.dag_id) == sorted([root.run_id, child.run_id])
-    assert xcom(root, "replan") == xcom(child, "finalize")
+    assert xcom(root, REPLAN_TASK) == xcom(child, FINALIZE_TASK)
 
 
 def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path):
@@ -303,7 +314,7 @@ def test_replan_retry_fails_with_the_chain_when_the_existing_run_failed(tmp_path
     assert str(child.state) == "failed"
     ti = replan_again(dag, root)
     assert str(ti.state) == "failed"
-    assert xcom(root, "replan")["status"] == "failed" == xcom(child, "finalize")["status"]
+    assert xcom(root, REPLAN_TASK)["status"] == "failed" == xcom(child, FINALIZE_TASK)["status"]
     assert run_ids(dag.dag_id) == sorted([root.run_id, child.run_id])
 
 

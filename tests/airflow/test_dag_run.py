@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag
 from harness.seed import seed_plan, seed_tools
@@ -29,13 +30,13 @@ def build(dag_id: str, log: CallLog, *, plan_=None, overrides=None, **options):
 def test_seed_plan_completes(tmp_path, cap):
     log = CallLog(tmp_path)
     dag = build("seed_ok", log, plan_=seed_plan(), execution=NodeExecution(max_active_nodes=cap))
-    assert dag.get_task("nodes").max_active_tis_per_dagrun == cap
+    assert dag.get_task(NODES_TASK).max_active_tis_per_dagrun == cap
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "success"
-    assert [states[f"nodes[{i}]"] for i in range(4)] == ["success"] * 4
-    assert states["nodes[4]"] == states["nodes[5]"] == "success"
-    result = xcom(run, "finalize")
+    assert [states[f"{NODES_TASK}[{i}]"] for i in range(4)] == ["success"] * 4
+    assert states[f"{NODES_TASK}[4]"] == states[f"{NODES_TASK}[5]"] == "success"
+    result = xcom(run, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert result["outputs"]["6"] == {"report": {"inputs": ["latency", "logs"]}}
     assert {n: log.count(node=n) for n in "123456"} == dict.fromkeys("123456", 1)
@@ -49,10 +50,10 @@ def test_permanent_failure_skips_dependents_only(tmp_path):
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
-    assert [states[f"nodes[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
-    assert states["nodes[4]"] == "skipped" and states["nodes[5]"] == "skipped"
+    assert [states[f"{NODES_TASK}[{i}]"] for i in range(4)] == ["success", "success", "failed", "success"]
+    assert states[f"{NODES_TASK}[4]"] == "skipped" and states[f"{NODES_TASK}[5]"] == "skipped"
     assert log.count("query_deploys") == 1  # a permanent error is not retried
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("failed", "node_failed")
     by_node = {r["node_id"]: r for r in result["history"]}
     assert by_node["3"]["status"] == "failed" and "403" in by_node["3"]["error"]
@@ -69,13 +70,13 @@ def test_optional_parent_failure_names_missing_input(tmp_path):
     )
     run = run_plan_dag(dag)
     states = task_states(run)
-    assert states["nodes[3]"] == "failed"
-    assert states["nodes[4]"] == "success" and states["nodes[5]"] == "success"
-    record5 = xcom(run, "nodes", key="node", map_index=4)
+    assert states[f"{NODES_TASK}[3]"] == "failed"
+    assert states[f"{NODES_TASK}[4]"] == "success" and states[f"{NODES_TASK}[5]"] == "success"
+    record5 = xcom(run, NODES_TASK, key=NODE_KEY, map_index=4)
     assert record5["missing_inputs"] == ["4"]
     assert record5["output"] == {"inputs": ["latency"]}  # the missing input reached the tool as None
     # the failure was contained: everything downstream ran, so the session completed without a replan
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert str(run.state) == "success"
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert "4" in result["message"]
@@ -87,7 +88,7 @@ def test_transient_failure_is_retried_by_airflow(tmp_path):
     run = run_plan_dag(dag)
     assert str(run.state) == "success"
     assert log.count("query_metrics") == 2
-    assert xcom(run, "nodes", key="node", map_index=0)["attempts"] == 2
+    assert xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)["attempts"] == 2
 
 
 def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
@@ -98,9 +99,9 @@ def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
     run = run_plan_dag(dag)
     states = task_states(run)
     assert str(run.state) == "failed"
-    assert states["plan"] == "failed"
+    assert states[PLAN_TASK] == "failed"
     assert log.count() == 0
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert result["reason"] == "invalid_plan" and "cycle" in result["message"]
 
 
@@ -125,7 +126,7 @@ def test_a_node_reads_its_parents_records_in_one_xcom_request(tmp_path, monkeypa
     reads: list[tuple[str, Any]] = []
 
     def recording(self: Any, msg: Any) -> Any:
-        if getattr(msg, "key", None) == "node" and type(msg).__name__.startswith("GetXCom"):
+        if getattr(msg, "key", None) == NODE_KEY and type(msg).__name__.startswith("GetXCom"):
             reads.append((type(msg).__name__, getattr(msg, "stop", getattr(msg, "map_index", None))))
         return send(self, msg)
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import ArtifactStore, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
@@ -56,12 +57,12 @@ def test_large_output_goes_to_the_artifact_store_and_arrives_intact(tmp_path):
     )
     run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success"
-    record = xcom(run, "nodes", key="node", map_index=0)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
     assert len(json.dumps(record)) < 4096  # the XCom row holds a reference, not 5 MB
     ref = record["artifact"]
     assert record["output"] is None and ref["size"] > 5 * 1024 * 1024
     assert (tmp_path / "store").exists() and ref["uri"].startswith(f"file://{tmp_path}/store/")
-    assert xcom(run, "nodes", key="node", map_index=1)["output"] == digest(blob)
+    assert xcom(run, NODES_TASK, key=NODE_KEY, map_index=1)["output"] == digest(blob)
 
 
 def test_replan_prompt_gets_only_the_summary_of_a_large_output(tmp_path):
@@ -83,7 +84,7 @@ def test_replan_prompt_gets_only_the_summary_of_a_large_output(tmp_path):
     planner = ScriptedPlanner(plan, on_error=[("rejected", replacement)])
     dag = build("artifact_replan", planner, tools, artifacts=ArtifactStore(url=f"file://{tmp_path}/store"))
     runs = run_session(dag, {"goal": "move the data"}).runs
-    assert xcom(runs[-1], "finalize")["status"] == "completed"
+    assert xcom(runs[-1], FINALIZE_TASK)["status"] == "completed"
     replan_request = planner.requests[-1]
     assert replan_request.is_replan
     summary = {n.id: n.summary for n in replan_request.locked}["1"]
@@ -107,10 +108,10 @@ def test_asynchronous_tool_defers_and_succeeds_with_the_jobs_result(tmp_path):
     }
     run = run_plan_dag(build("async_ok", ScriptedPlanner(plan), tools), {"goal": "g"})
     assert str(run.state) == "success"
-    record = xcom(run, "nodes", key="node", map_index=0)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
     assert record["output"] == {"rows": 42} and record["polling"]["outcome"] == "done"
-    assert xcom(run, "nodes", key="node", map_index=1)["output"] == 42
-    events = [e["type"] for e in xcom(run, "finalize")["events"]]
+    assert xcom(run, NODES_TASK, key=NODE_KEY, map_index=1)["output"] == 42
+    events = [e["type"] for e in xcom(run, FINALIZE_TASK)["events"]]
     assert "node.polling" in events
     assert log.count("export") == 1  # the job was started once; waiting is polling, not calling
 
@@ -127,5 +128,5 @@ def test_asynchronous_job_failure_or_timeout_fails_the_node(tmp_path, options, e
         build(f"async_bad_{expected.split()[0]}", ScriptedPlanner(plan), tools, replan=False), {"goal": "g"}
     )
     assert str(run.state) == "failed"
-    record = xcom(run, "nodes", key="node", map_index=0)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
     assert record["status"] == "failed" and expected in record["error"]

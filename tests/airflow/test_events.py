@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK
 from airflow_plan_provider.planners.base import PlannerReply
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
@@ -62,7 +63,7 @@ def test_one_event_per_state_change_in_order_with_identifiers(tmp_path, capfd):
     assert len(runs) == 2
     root, child = runs[0].run_id, runs[1].run_id
     captured = capfd.readouterr()
-    events = xcom(runs[1], "finalize")["events"]
+    events = xcom(runs[1], FINALIZE_TASK)["events"]
 
     for event in events:
         assert tuple(event) == IDENTIFIERS

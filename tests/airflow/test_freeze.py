@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_plan_provider.cli import main
+from airflow_plan_provider.contract import APPROVE_TASK, FINALIZE_TASK, PLAN_KEY, PLAN_TASK
 from airflow_plan_provider.exceptions import FreezeError
 from airflow_plan_provider.freeze import (
     FrozenSource,
@@ -229,8 +230,8 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     example = load_dag_file(ROOT / "dags" / "plan_and_execute.py", "plan_and_execute_source")
     source_runs = run_session(example.plan_and_execute, {"goal": example.GOAL}).runs
     assert len(source_runs) == 2  # the seed session replans once
-    source = xcom(source_runs[-1], "finalize")
-    final_plan = xcom(source_runs[-1], "plan", key="plan")
+    source = xcom(source_runs[-1], FINALIZE_TASK)
+    final_plan = xcom(source_runs[-1], PLAN_TASK, key=PLAN_KEY)
     frozen = load_dag_file(DAILY, "daily_payment_report_under_test")
     # the committed file is the seed session's final plan, with the day as a template
     expected = apply_templates(
@@ -241,14 +242,14 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
             del edge["optional"]
     assert expected == frozen.PLAN
     dag = frozen.daily_payment_report
-    assert dag.task_dict["plan"].ready_plan == frozen.PLAN and "approve" not in dag.task_ids
+    assert dag.task_dict[PLAN_TASK].ready_plan == frozen.PLAN and APPROVE_TASK not in dag.task_ids
 
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     run = run_plan_dag(
         dag, logical_date=today
     )  # the run at 00:00 reports on the day before: the source's "yesterday"
     assert str(run.state) == "success"
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert result["status"] == "completed" and result["usage"]["replans"] == 0
     assert "node 3 requested a replan" in result["message"]  # no deploy that day; nothing depends on it
     assert {n: result["outputs"][n] for n in "12345"} == {n: source["outputs"][n] for n in "12345"}
@@ -259,7 +260,7 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert json.dumps(result).count("{{") == 0  # every template was rendered
 
     earlier = run_plan_dag(dag, logical_date=today - timedelta(days=3))
-    outputs = xcom(earlier, "finalize")["outputs"]
+    outputs = xcom(earlier, FINALIZE_TASK)["outputs"]
     day = (today - timedelta(days=4)).date().isoformat()
     assert outputs["1"]["day"] == outputs["2"]["day"] == day and Path(outputs["6"]["path"]).name.startswith(
         day
@@ -284,13 +285,13 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
 
     dag = build_plan_dag("frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools)
     run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
-    assert xcom(run, "finalize")["outputs"]["1"] == {"text": "day 2024-03-05"}
+    assert xcom(run, FINALIZE_TASK)["outputs"]["1"] == {"text": "day 2024-03-05"}
     # a plan given in the conf is user input: never rendered
     conf_run = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
-    assert xcom(conf_run, "finalize")["outputs"]["1"] == {"text": "{{ ds }}"}
+    assert xcom(conf_run, FINALIZE_TASK)["outputs"]["1"] == {"text": "{{ ds }}"}
 
     broken = build_plan_dag("frozen_broken", planner=None, plan=plan_with("{{ no_such_name }}"), tools=tools)
     failed = run_plan_dag(broken)
-    assert task_states(failed)["plan"] == "failed" and log.count("echo") == 2
-    result = xcom(failed, "finalize")
+    assert task_states(failed)[PLAN_TASK] == "failed" and log.count("echo") == 2
+    result = xcom(failed, FINALIZE_TASK)
     assert result["reason"] == "invalid_plan" and "cannot render the DAG's plan" in result["message"]

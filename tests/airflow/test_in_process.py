@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import Budgets, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import SessionError, run_session
@@ -71,8 +72,8 @@ def test_a_session_that_replans_once_completes_in_two_runs(tmp_path):
     ]
     assert (log.count("fetch"), log.count("load"), log.count("load_batches")) == (1, 1, 1)
     # the root run's replan task really ran: it reports the session, as on a scheduler
-    assert task_states(root)["replan"] == "success"
-    assert xcom(root, "replan") == result.model_dump(mode="json")
+    assert task_states(root)[REPLAN_TASK] == "success"
+    assert xcom(root, REPLAN_TASK) == result.model_dump(mode="json")
 
 
 def test_without_replans_a_failed_node_fails_the_session(tmp_path):
@@ -105,9 +106,10 @@ def test_a_dag_that_is_not_a_plan_dag_is_refused():
     from airflow.sdk import DAG
 
     with DAG("inproc_not_a_plan", schedule=None) as dag:
-        EmptyOperator(task_id="plan")
+        EmptyOperator(task_id=PLAN_TASK)
     with pytest.raises(
-        ValueError, match=r"'inproc_not_a_plan' has no plan \(built by build_plan_dag\): no task 'finalize'"
+        ValueError,
+        match=rf"'inproc_not_a_plan' has no plan \(built by build_plan_dag\): no task '{FINALIZE_TASK}'",
     ):
         run_session(dag, {"goal": "g"})
 

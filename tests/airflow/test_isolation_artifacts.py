@@ -19,13 +19,12 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import ArtifactStore, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from airflow_plan_provider.tools.registry import ToolContext
 from tests.airflow.support import task_states, xcom
-
-NODE_KEY = "node"
 
 
 def build(dag_id: str, planner: Any, tools: list[ScriptedTool], **options: Any) -> Any:
@@ -122,13 +121,13 @@ def test_runs_whose_ids_differ_only_in_punctuation_each_call_their_tool(tmp_path
 
     assert [r.run_id for r in runs] == ["nightly:2024", "nightly+2024"]
     assert [str(r.state) for r in runs] == ["success", "success"]
-    second = xcom(runs[1], "nodes", key=NODE_KEY, map_index=0)
+    second = xcom(runs[1], NODES_TASK, key=NODE_KEY, map_index=0)
     assert second["output"] == {"run": "nightly+2024"}
     assert not second.get("reused") and not second.get("checkpoint")
     assert log.count("fetch") == 2
     # issue 14: each record names the worker that ran the node, as Airflow names it
     assert second["hostname"] == get_hostname()
-    assert xcom(runs[1], "finalize")["history"][0]["hostname"] == get_hostname()
+    assert xcom(runs[1], FINALIZE_TASK)["history"][0]["hostname"] == get_hostname()
 
 
 # ------------------------------------------------ 3. checkpoints verified before they are trusted
@@ -200,7 +199,7 @@ def test_a_checkpoint_that_fails_verification_is_ignored_and_the_node_runs(
 
     assert again.run_id == first.run_id
     assert str(again.state) == "success", task_states(again)
-    a, b = records(again, "nodes", 2)
+    a, b = records(again, NODES_TASK, 2)
     assert tampered == "b"
     assert (b["status"], b["output"]) == ("success", {"value": "genuine-b"})
     assert not b.get("checkpoint")  # the node ran again instead of trusting the file
@@ -259,9 +258,9 @@ def test_a_tool_output_that_looks_like_a_reference_is_passed_on_as_plain_data(tm
     )
     run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "success", task_states(run)
-    record = xcom(run, "nodes", key=NODE_KEY, map_index=1)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=1)
     assert record["output"] == forged
-    assert "s3cr3t" not in json.dumps(xcom(run, "finalize"))
+    assert "s3cr3t" not in json.dumps(xcom(run, FINALIZE_TASK))
 
 
 def _corrupt_in_place(path: Path) -> None:
@@ -314,16 +313,16 @@ def test_a_damaged_stored_output_fails_the_reading_node_for_good(tmp_path, damag
     )
     run = run_plan_dag(dag, {"goal": "g"})
 
-    assert task_states(run)["nodes[2]"] == "failed"
-    assert try_number(run, "nodes", 2) == 1  # permanent: not retried
+    assert task_states(run)[f"{NODES_TASK}[2]"] == "failed"
+    assert try_number(run, NODES_TASK, 2) == 1  # permanent: not retried
     assert log.count("consume") == 0
-    uri = xcom(run, "nodes", key=NODE_KEY, map_index=0)["artifact"]["uri"]
-    actual = xcom(run, "nodes", key=NODE_KEY, map_index=1)["output"]
-    record = xcom(run, "nodes", key=NODE_KEY, map_index=2)
+    uri = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)["artifact"]["uri"]
+    actual = xcom(run, NODES_TASK, key=NODE_KEY, map_index=1)["output"]
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=2)
     assert record["status"] == "failed"
     assert "parent node 1" in record["error"] and uri in record["error"]
     assert actual not in record["error"]  # the damaged file's hash is not revealed
-    history = {r["node_id"]: r for r in xcom(run, "finalize")["history"]}
+    history = {r["node_id"]: r for r in xcom(run, FINALIZE_TASK)["history"]}
     assert history["3"]["status"] == "failed" and history["3"]["error"] == record["error"]
 
 
@@ -426,7 +425,7 @@ def test_a_node_unchanged_by_a_replan_keeps_its_key_so_its_side_effect_is_not_re
     runs = run_session(dag, {"goal": "charge and notify"}).runs
 
     assert len(runs) == 2
-    result = xcom(runs[-1], "finalize")
+    result = xcom(runs[-1], FINALIZE_TASK)
     assert result["status"] == "completed", result["message"]
     assert result["revisions"][0]["diff"]["revised"] == ["2"]
     charge_keys = [c["key"] for c in log.calls("charge")]
@@ -470,9 +469,9 @@ def test_a_node_killed_after_its_tool_returned_is_not_called_again(tmp_path, mon
 
     assert killed == ["nodes"]
     assert str(run.state) == "success", task_states(run)
-    assert try_number(run, "nodes", 0) == 2
+    assert try_number(run, NODES_TASK, 0) == 2
     assert log.count("work") == 1
-    record = xcom(run, "nodes", key=NODE_KEY, map_index=0)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
     assert (record["status"], record["output"], record["checkpoint"]) == ("success", {"done": True}, True)
 
 
@@ -490,7 +489,10 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
     base = f"file://{tmp_path}/store"
     plan = validate_plan(
         {
-            "nodes": [{"id": "a", "action": "fetch", "tool": "t"}, {"id": "b", "action": "use", "tool": "t"}],
+            "nodes": [
+                {"id": "a", "action": "fetch", "tool": "t"},
+                {"id": "b", "action": "use", "tool": "t"},
+            ],
             "edges": [{"from": "a", "to": "b"}],
         }
     )
@@ -499,7 +501,7 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
         ti = SimpleNamespace(dag_id="d", run_id=run_id, task=None, try_number=1)
         return NodeRun(ti, plan, plan.node("b"), RunContext(root_run_id="root"), {}, logging.getLogger("t"))
 
-    operator = PlanNodeOperator(task_id="nodes", plan_node="b", artifact_store=base)
+    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node="b", artifact_store=base)
     key = waiting_child("r1").key(plan.node("a"))
     output = {"rows": 3}
     artifacts.save_checkpoint(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK
 from airflow_plan_provider.tools.registry import ENTRY_POINT_GROUP, load_tools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +61,7 @@ def page_oncall(team: str) -> str:
 
 CHECK = """
 import json, sys
+from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK
 from airflow_plan_provider.dag_factory import build_plan_dag
 from airflow_plan_provider.tools.registry import load_tools
 
@@ -73,7 +75,7 @@ try:
 except ValueError as error:
     out["unknown"] = str(error)
 dag = build_plan_dag("everything", planner=None, tools="*")
-out["carried"] = [dag.get_task("plan").tools, dag.get_task("nodes").partial_kwargs["tools"]]
+out["carried"] = [dag.get_task(PLAN_TASK).tools, dag.get_task(NODES_TASK).partial_kwargs["tools"]]
 out["star"] = sorted(load_tools("*"))
 out["by_name"] = sorted(load_tools("team"))
 with open(sys.argv[1], "w") as handle:
@@ -114,5 +116,5 @@ def test_example_dag_names_the_demo_registry() -> None:
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["plan_and_execute"]
-    assert load_tools(dag.get_task("plan").tools) is registry
-    assert load_tools(dag.get_task("nodes").partial_kwargs["tools"]) is registry
+    assert load_tools(dag.get_task(PLAN_TASK).tools) is registry
+    assert load_tools(dag.get_task(NODES_TASK).partial_kwargs["tools"]) is registry

@@ -19,6 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    PLANNING_ERROR_KEY,
+    REPLAN_CONF_KEY,
+    SESSION_KEY,
+)
 from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.plan.session import replan_run_id
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
@@ -35,7 +44,7 @@ PLAN = {
         {"id": "2", "action": "report the payment", "tool": "report", "params": {"paid": "${1}"}},
     ]
 }
-NODE_TASKS = ("nodes",)
+NODE_TASKS = (NODES_TASK,)
 
 
 def build(dag_id: str, log: CallLog, store: Path, *, fail_report: bool = False, **options: Any) -> Any:
@@ -72,22 +81,22 @@ def assert_rejected(run: Any, check: str) -> dict[str, Any]:
     forged content reached its XComs. Returns the finalize result."""
     states = task_states(run)
     assert str(run.state) == "failed"
-    assert states["plan"] == "failed"
+    assert states[PLAN_TASK] == "failed"
     ran = {
         t: s
         for t, s in states.items()
         if t.split("[")[0] in NODE_TASKS and s not in ("upstream_failed", "skipped")
     }
     assert ran == {}, f"node tasks ran: {ran}"
-    error = xcom(run, "plan", key="planning_error")
+    error = xcom(run, PLAN_TASK, key=PLANNING_ERROR_KEY)
     assert error["reason"] == "untrusted_session"
     assert check in error["message"]
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("failed", "untrusted_session")
     assert check in result["message"]
     assert result["outputs"] == {} and result["history"] == []
     assert result["root_run_id"] == run.run_id and result["run_ids"] == [run.run_id]
-    assert xcom(run, "plan", key="plan") is None
+    assert xcom(run, PLAN_TASK, key=PLAN_KEY) is None
     written = json.dumps(list(run_xcoms(run).values()))
     assert MARKER not in written
     return result
@@ -188,7 +197,7 @@ def test_session_copied_from_a_real_parent_but_altered_is_rejected(
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     dag = build(f"isolation_altered_{change.replace(' ', '_')}", log, store, fail_report=True)
     parent = run_plan_dag(dag, {"goal": GOAL})
-    prepared = xcom(parent, "finalize", key="replan_conf")
+    prepared = xcom(parent, FINALIZE_TASK, key=REPLAN_CONF_KEY)
     assert prepared and prepared["session"]["locked"]["1"]["output"] == {"paid": 100}
     conf = copy.deepcopy(prepared)
     if change == "locked output":
@@ -210,12 +219,12 @@ def test_legitimate_chain_completes_and_its_session_cannot_start_a_second_run(tm
     dag = build("isolation_chain", log, store, fail_report=True)
     parent, child = run_session(dag, {"goal": GOAL}).runs
     assert child.run_id == replan_run_id(parent.run_id, 1)
-    result = xcom(child, "finalize")
+    result = xcom(child, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     assert result["outputs"]["3"] == {"report2": {"paid": 100}}
     assert log.count("pay") == 1 and log.count("report2") == 1
     # the same, genuine conf once more under another run id: one parent starts one run per revision
-    replay = run_plan_dag(dag, xcom(parent, "finalize", key="replan_conf"))
+    replay = run_plan_dag(dag, xcom(parent, FINALIZE_TASK, key=REPLAN_CONF_KEY))
     assert_rejected(replay, "run's id")
     assert log.count("pay") == 1 and log.count("report2") == 1
 
@@ -224,7 +233,7 @@ def test_session_prepared_by_another_dag_is_rejected(tmp_path: Path) -> None:
     log, store = CallLog(tmp_path / "calls"), tmp_path / "store"
     other = build("isolation_other_dag", log, store, fail_report=True)
     parent = run_plan_dag(other, {"goal": GOAL})
-    prepared = xcom(parent, "finalize", key="replan_conf")
+    prepared = xcom(parent, FINALIZE_TASK, key=REPLAN_CONF_KEY)
     assert prepared
     target = build("isolation_target_dag", log, store, fail_report=True)
     calls = log.calls()
@@ -247,7 +256,7 @@ def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest
     capfd.readouterr()
     run = run_plan_dag(dag, {"goal": GOAL, "plan": plan})
     out, err = capfd.readouterr()
-    assert task_states(run)["plan"] == "failed" and str(run.state) == "failed"
+    assert task_states(run)[PLAN_TASK] == "failed" and str(run.state) == "failed"
 
     values = run_xcoms(run)
     sizes = {f"{task}.{key}": len(json.dumps(value)) for (task, _index, key), value in values.items()}
@@ -255,14 +264,14 @@ def test_rejected_huge_plan_writes_capped_problems(tmp_path: Path, capfd: pytest
     assert sum(sizes.values()) < 200_000, sizes
 
     more = nodes - MAX_REPORTED_PROBLEMS
-    error = xcom(run, "plan", key="planning_error")
+    error = xcom(run, PLAN_TASK, key=PLANNING_ERROR_KEY)
     assert error["reason"] == "invalid_plan"
     assert error["message"].count("\n  - ") == MAX_REPORTED_PROBLEMS
     assert f"... and {more} more problem(s)" in error["message"]
-    failed = next(e for e in xcom(run, "plan", key="session")["events"] if e["type"] == "plan.failed")
+    failed = next(e for e in xcom(run, PLAN_TASK, key=SESSION_KEY)["events"] if e["type"] == "plan.failed")
     assert len(failed["data"]["problems"]) == MAX_REPORTED_PROBLEMS
     assert failed["data"]["more_problems"] == more
-    assert f"... and {more} more problem(s)" in xcom(run, "finalize")["message"]
+    assert f"... and {more} more problem(s)" in xcom(run, FINALIZE_TASK)["message"]
 
     logged = (out + err).splitlines()
     problem_lines = [line for line in logged if "plan problem:" in line]
@@ -277,13 +286,13 @@ def test_repair_attempts_must_be_a_count(attempts: Any) -> None:
     from airflow_plan_provider.operators.plan_task import PlanOperator
 
     with pytest.raises(ValueError, match="repair_attempts"):
-        PlanOperator(task_id="plan", planner=None, repair_attempts=attempts)
+        PlanOperator(task_id=PLAN_TASK, planner=None, repair_attempts=attempts)
 
 
 def test_repair_attempts_zero_is_allowed() -> None:
     from airflow_plan_provider.operators.plan_task import PlanOperator
 
-    assert PlanOperator(task_id="plan", planner=None, repair_attempts=0).repair_attempts == 0
+    assert PlanOperator(task_id=PLAN_TASK, planner=None, repair_attempts=0).repair_attempts == 0
 
 
 json_values = st.recursive(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import FINALIZE_TASK, PLAN_TASK, PLANNING_ERROR_KEY
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.hooks.llm import PlanLLMHook
 from airflow_plan_provider.plan.problems import Problem
@@ -403,9 +404,9 @@ def test_planning_task_records_the_reason_and_no_piece_of_the_key(
     dag_run = run_plan_dag(dag, {"goal": "find the slow service"})
 
     assert str(dag_run.state) == "failed"
-    error = xcom(dag_run, "plan", key="planning_error")
+    error = xcom(dag_run, PLAN_TASK, key=PLANNING_ERROR_KEY)
     assert error["reason"] == reason and expected in error["message"]
-    result = xcom(dag_run, "finalize")
+    result = xcom(dag_run, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("failed", reason)
     assert expected in result["message"]
     assert not leaked(all_xcom_text(dag_run))

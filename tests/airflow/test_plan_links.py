@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import NodeExecution
+from airflow_plan_provider.contract import PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.testing import CallLog, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 from harness.seed import seed_replan_story
@@ -34,21 +35,21 @@ def test_replan_task_triggers_its_own_dag_as_parsed_and_as_serialized(tmp_path):
     from airflow.serialization.serialized_objects import DagSerialization
 
     dag = build("links_replan_target", CallLog(tmp_path))
-    assert dag.get_task("replan").trigger_dag_id == "links_replan_target"
+    assert dag.get_task(REPLAN_TASK).trigger_dag_id == "links_replan_target"
 
     data = DagSerialization.to_dict(dag)
-    [replan] = [t for t in data["dag"]["tasks"] if t["__var"]["task_id"] == "replan"]
+    [replan] = [t for t in data["dag"]["tasks"] if t["__var"]["task_id"] == REPLAN_TASK]
     assert replan["__var"]["trigger_dag_id"] == "links_replan_target"
     assert replan["__var"]["_operator_extra_links"] == {"Triggered DAG": "_link_TriggerDagRunLink"}
     restored = DagSerialization.from_dict(data)
-    assert restored.get_task("replan").trigger_dag_id == "links_replan_target"
+    assert restored.get_task(REPLAN_TASK).trigger_dag_id == "links_replan_target"
 
 
 def test_replan_operator_needs_the_dag_id():
     from airflow_plan_provider.operators.replan import ReplanOperator
 
     with pytest.raises(TypeError, match="trigger_dag_id"):
-        ReplanOperator(task_id="replan")  # type: ignore[call-arg]
+        ReplanOperator(task_id=REPLAN_TASK)  # type: ignore[call-arg]
 
 
 def test_replan_run_links_back_to_its_parent(tmp_path):
@@ -56,6 +57,6 @@ def test_replan_run_links_back_to_its_parent(tmp_path):
         build("links_parent", CallLog(tmp_path)), {"goal": "find why the payment API got slow"}
     )
     root, child = session.runs
-    assert xcom(root, "plan", key="_link_ParentRunLink") == ""  # a root run has no parent
-    link = xcom(child, "plan", key="_link_ParentRunLink")
+    assert xcom(root, PLAN_TASK, key="_link_ParentRunLink") == ""  # a root run has no parent
+    link = xcom(child, PLAN_TASK, key="_link_ParentRunLink")
     assert link.endswith(f"/dags/links_parent/runs/{root.run_id}"), link

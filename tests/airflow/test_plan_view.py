@@ -9,6 +9,15 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import NodeExecution
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODE_KEY,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    REPLAN_CONF_KEY,
+    SESSION_KEY,
+)
 from airflow_plan_provider.plan.events import EventSource, make_event
 from airflow_plan_provider.plan.result import Revision
 from airflow_plan_provider.plan.session import SessionState, replan_run_id
@@ -123,8 +132,10 @@ def planned(run_id: str, plan: dict[str, Any], session: SessionState, **xcoms: A
     validated = validate_plan(plan)
     session.current_plan = validated.as_plan().to_json_dict()
     data = RunData(run_id=run_id, state="success")
-    data.xcoms[("plan", -1, "plan")] = validated.model_dump(mode="json", by_alias=True, exclude_none=True)
-    data.xcoms[("plan", -1, "session")] = session.model_dump(mode="json")
+    data.xcoms[(PLAN_TASK, -1, PLAN_KEY)] = validated.model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    data.xcoms[(PLAN_TASK, -1, SESSION_KEY)] = session.model_dump(mode="json")
     for key, value in xcoms.items():
         task_id, xcom_key = key.split("__")
         data.xcoms[(task_id, -1, xcom_key)] = value
@@ -177,8 +188,8 @@ def two_revisions() -> dict[str, RunData]:
         "r": planned("r", first_plan, root, finalize__replan_conf=replan_conf),
         "r__replan_1": planned("r__replan_1", second_plan, child),
     }
-    runs["r"].xcoms[("nodes", 0, "node")] = {"node_id": "a", "status": "success", "output": {"n": 7}}
-    runs["r__replan_1"].xcoms[("nodes", 0, "node")] = {
+    runs["r"].xcoms[(NODES_TASK, 0, NODE_KEY)] = {"node_id": "a", "status": "success", "output": {"n": 7}}
+    runs["r__replan_1"].xcoms[(NODES_TASK, 0, NODE_KEY)] = {
         "node_id": "a",
         "status": "success",
         "reused": True,
@@ -214,22 +225,22 @@ def test_a_run_joins_the_chain_only_when_its_own_session_says_so():
     runs = two_revisions()
     # a run someone triggered with a replan run's id: its planning rejected the conf and started afresh
     forged = SessionState(goal="g", root_run_id="r__replan_1", run_ids=["r__replan_1"])
-    runs["r__replan_1"].xcoms[("plan", -1, "session")] = forged.model_dump(mode="json")
+    runs["r__replan_1"].xcoms[(PLAN_TASK, -1, SESSION_KEY)] = forged.model_dump(mode="json")
     assert [run.run_id for run in session_chain("r", runs)] == ["r"]
     assert [run.run_id for run in session_chain("r__replan_1", runs)] == ["r__replan_1"]
 
 
 def test_a_replan_run_not_planned_yet_joins_when_its_parent_prepared_it():
     runs = two_revisions()
-    del runs["r__replan_1"].xcoms[("plan", -1, "session")]
-    del runs["r__replan_1"].xcoms[("plan", -1, "plan")]
+    del runs["r__replan_1"].xcoms[(PLAN_TASK, -1, SESSION_KEY)]
+    del runs["r__replan_1"].xcoms[(PLAN_TASK, -1, PLAN_KEY)]
     runs["r__replan_1"].state = "queued"
     chain = session_chain("r", runs)
     assert [run.run_id for run in chain] == ["r", "r__replan_1"]
     view = plan_view("d", "r", chain)
     assert view["finished"] is False and view["runs"][1]["plan_state"] == "pending"
     assert view["runs"][1]["revision"] == 1 and view["runs"][1]["nodes"] == []
-    runs["r"].xcoms.pop(("finalize", -1, "replan_conf"))
+    runs["r"].xcoms.pop((FINALIZE_TASK, -1, REPLAN_CONF_KEY))
     assert [run.run_id for run in session_chain("r", runs)] == ["r"]
     assert replan_run_id("r", 1) == "r__replan_1"
 
@@ -297,10 +308,10 @@ def test_page_config_cannot_close_its_script_element():
 def test_nodes_take_their_state_from_the_nodes_task_in_layer_order():
     runs = two_revisions()
     root = runs["r"]
-    root.tis[("nodes", 0)] = {"state": "success", "try_number": 1, "hostname": "worker-a"}
-    root.tis[("nodes", 1)] = {"state": "deferred", "try_number": 1}
+    root.tis[(NODES_TASK, 0)] = {"state": "success", "try_number": 1, "hostname": "worker-a"}
+    root.tis[(NODES_TASK, 1)] = {"state": "deferred", "try_number": 1}
     nodes = by_id(plan_view("d", "r", [root])["runs"][0])
-    assert (nodes["a"]["task_id"], nodes["a"]["map_index"], nodes["a"]["state"]) == ("nodes", 0, "success")
+    assert (nodes["a"]["task_id"], nodes["a"]["map_index"], nodes["a"]["state"]) == (NODES_TASK, 0, "success")
     assert (nodes["b"]["state"], nodes["a"]["hostname"]) == ("deferred", "worker-a")
 
 

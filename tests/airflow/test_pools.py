@@ -12,7 +12,20 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import NodeExecution
-from airflow_plan_provider.operators.layout import dag_lanes, lane_of, locations, node_location, node_tasks
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    SESSION_KEY,
+    dag_lanes,
+    lane_of,
+    lane_task_id,
+    locations,
+    node_location,
+    node_tasks,
+    select_task_id,
+)
 from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
@@ -50,8 +63,8 @@ MIXED_PLAN = {
 }
 EXPECTED_TASKS = {  # each lane's nodes in the plan's run order
     "nodes": ["b", "e", "g"],
-    f"nodes__{API}": ["a", "c", "f"],
-    f"nodes__{HEAVY_LANE}": ["d"],
+    lane_task_id(API): ["a", "c", "f"],
+    lane_task_id(HEAVY_LANE): ["d"],
 }
 
 
@@ -116,7 +129,7 @@ def pools() -> None:
 
 
 def outcome(run: Any) -> tuple[str, str, dict[str, Any], dict[str, str]]:
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     statuses = {r["node_id"]: r["status"] for r in result["history"]}
     return result["status"], result["reason"], result["outputs"], statuses
 
@@ -136,11 +149,11 @@ def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it
     for task_id, nodes in EXPECTED_TASKS.items():
         for index, node in enumerate(nodes):
             assert node_location(plan, state, node) == (task_id, index)
-    assert locations(plan, state, ["e", "a", "c", "f"]) == {"nodes": [1], f"nodes__{API}": [0, 1, 2]}
+    assert locations(plan, state, ["e", "a", "c", "f"]) == {NODES_TASK: [1], lane_task_id(API): [0, 1, 2]}
     # without lanes, every node is in ``nodes``, in run order: a parent's map index is below its child's,
     # and in a layer the node with more descendants comes first (b: e, f and g; a: e and g)
     assert node_tasks(plan, RunContext()) == {"nodes": ["b", "a", "c", "d", "e", "f", "g"]}
-    assert node_location(plan, RunContext(), "f") == ("nodes", 5)
+    assert node_location(plan, RunContext(), "f") == (NODES_TASK, 5)
 
 
 def test_lanes_come_from_each_tools_pool_and_slots(tmp_path: Any) -> None:
@@ -196,14 +209,18 @@ def test_registry_decorator_declares_the_pool_and_the_digest_changes_only_with_o
 
 
 def test_parents_trigger_waits_on_several_tasks() -> None:
-    trigger = ParentsFinishedTrigger(dag_id="d", run_id="r", parents={"nodes": [0], f"nodes__{API}": [1]})
+    trigger = ParentsFinishedTrigger(
+        dag_id="d", run_id="r", parents={NODES_TASK: [0], lane_task_id(API): [1]}
+    )
     assert trigger.serialize()[1] == {
         "dag_id": "d",
         "run_id": "r",
-        "parents": {"nodes": [0], f"nodes__{API}": [1]},
+        "parents": {NODES_TASK: [0], lane_task_id(API): [1]},
         "poll_interval": 0.5,
     }
-    states = {"r": {"nodes_0": "success", f"nodes__{API}_1": "running", "nodes_1": "failed"}}
+    states = {
+        "r": {f"{NODES_TASK}_0": "success", f"{lane_task_id(API)}_1": "running", f"{NODES_TASK}_1": "failed"}
+    }
     assert parent_states(states, "r", trigger.parents) == ["success", "running"]
     assert parent_states(states, "other run", trigger.parents) == [None, None]
 
@@ -213,16 +230,16 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
 
 def test_without_pooled_tools_the_dag_has_the_same_tasks_as_ever(tmp_path: Any) -> None:
     dag = build("no_pools_shape", CallLog(tmp_path), pooled=False, execution=NodeExecution(pool="plan_nodes"))
-    assert sorted(dag.task_ids) == ["finalize", "nodes", "plan"]
+    assert sorted(dag.task_ids) == [FINALIZE_TASK, NODES_TASK, PLAN_TASK]
 
 
 def test_pooled_tools_add_one_lane_task_with_the_tools_pool(tmp_path: Any) -> None:
     dag = build(
         "pools_shape", CallLog(tmp_path), execution=NodeExecution(pool="plan_nodes", max_active_nodes=4)
     )
-    lanes = ["nodes", f"nodes__{API}", f"nodes__{HEAVY_LANE}"]
-    selects = [f"select_{task}" for task in lanes[1:]]
-    assert sorted(dag.task_ids) == sorted(["plan", "finalize", *lanes, *selects])
+    lanes = [NODES_TASK, lane_task_id(API), lane_task_id(HEAVY_LANE)]
+    selects = [select_task_id(task) for task in lanes[1:]]
+    assert sorted(dag.task_ids) == sorted([PLAN_TASK, FINALIZE_TASK, *lanes, *selects])
     default, api, heavy = (dag.get_task(task_id) for task_id in lanes)
     # the DAG's pool covers the nodes whose tool has none; a tool's own pool wins for its nodes
     assert (default.partial_kwargs["pool"], default.partial_kwargs["pool_slots"]) == ("plan_nodes", 1)
@@ -230,14 +247,14 @@ def test_pooled_tools_add_one_lane_task_with_the_tools_pool(tmp_path: Any) -> No
     assert (heavy.partial_kwargs["pool"], heavy.partial_kwargs["pool_slots"]) == (API, 2)
     for task in (default, api, heavy):
         assert task.partial_kwargs["max_active_tis_per_dagrun"] == 4
-    assert default.upstream_task_ids == {"plan"}
+    assert default.upstream_task_ids == {PLAN_TASK}
     # each pool lane maps over its own select task, which runs beside the default lane
     for task_id in lanes[1:]:
-        select = dag.get_task(f"select_{task_id}")
+        select = dag.get_task(select_task_id(task_id))
         assert select.node_task == task_id
-        assert dag.get_task(task_id).upstream_task_ids == {"plan", select.task_id}
-        assert select.upstream_task_ids == {"plan"}
-    assert dag.get_task("finalize").upstream_task_ids == {"plan", *lanes}
+        assert dag.get_task(task_id).upstream_task_ids == {PLAN_TASK, select.task_id}
+        assert select.upstream_task_ids == {PLAN_TASK}
+    assert dag.get_task(FINALIZE_TASK).upstream_task_ids == {PLAN_TASK, *lanes}
 
 
 # ------------------------------------------------------------------------------------ runs in-process
@@ -285,7 +302,12 @@ def test_pooled_nodes_run_in_their_pools_with_the_same_result_as_without(tmp_pat
     }
     assert {ti["pool"] for ti in node_tis(plain).values()} == {"plan_nodes"}
     # the planning task recorded the lanes in the session it published
-    assert xcom(pooled, "plan", key="session")["lanes"] == {"a": API, "c": API, "f": API, "d": HEAVY_LANE}
+    assert xcom(pooled, PLAN_TASK, key=SESSION_KEY)["lanes"] == {
+        "a": API,
+        "c": API,
+        "f": API,
+        "d": HEAVY_LANE,
+    }
 
 
 @pytest.mark.airflow
@@ -320,7 +342,7 @@ def test_a_failed_pooled_node_skips_its_dependents_in_other_lanes_and_a_replan_r
         "g": "skipped",
     }
 
-    result = xcom(second, "finalize")
+    result = xcom(second, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("completed", "goal_met")
     again = node_tis(second)
     assert {n: ti["pool"] for n, ti in again.items()} == {
@@ -332,7 +354,12 @@ def test_a_failed_pooled_node_skips_its_dependents_in_other_lanes_and_a_replan_r
         "e": "default_pool",
         "g": "default_pool",
     }
-    assert xcom(second, "plan", key="session")["lanes"] == {"a": API, "c2": API, "d": HEAVY_LANE, "f": API}
+    assert xcom(second, PLAN_TASK, key=SESSION_KEY)["lanes"] == {
+        "a": API,
+        "c2": API,
+        "d": HEAVY_LANE,
+        "f": API,
+    }
     records = {r["node_id"]: r for r in result["history"] if r["revision"] == 1}
     assert {n for n, r in records.items() if r.get("reused")} == set("abdef")
     assert log.count(node="a") == 1 and log.count(node="f") == 1  # locked pooled nodes were not called again
@@ -347,10 +374,10 @@ def test_a_pool_the_dag_has_no_lane_for_fails_planning_naming_node_tool_and_pool
 ) -> None:
     """The registry changed since the DAG was parsed: a pooled node must not run unprotected."""
     dag = build("lanes_missing", CallLog(tmp_path))
-    dag.get_task("plan").lanes = [API]  # as if parsed before `heavy` took two slots
+    dag.get_task(PLAN_TASK).lanes = [API]  # as if parsed before `heavy` took two slots
     run = run_plan_dag(dag)
     assert str(run.state) == "failed"
-    result = xcom(run, "finalize")
+    result = xcom(run, FINALIZE_TASK)
     assert result["reason"] == "no_plan"
     assert "node d: tool 'heavy' declares pool 'rate_limited_api' (2 slot(s))" in result["message"]
     assert "this DAG has no node tasks for it" in result["message"]
@@ -363,8 +390,8 @@ def test_the_plan_view_finds_pooled_nodes_in_their_lane_tasks() -> None:
     plan_ = validate_plan(MIXED_PLAN)
     state = SessionState(goal="mixed lanes", root_run_id="r", run_ids=["r"], lanes=session(plan_).lanes)
     run = RunData(run_id="r", state="running")
-    run.xcoms[("plan", -1, "plan")] = plan_.model_dump(mode="json", by_alias=True, exclude_none=True)
-    run.xcoms[("plan", -1, "session")] = state.model_dump(mode="json")
+    run.xcoms[(PLAN_TASK, -1, PLAN_KEY)] = plan_.model_dump(mode="json", by_alias=True, exclude_none=True)
+    run.xcoms[(PLAN_TASK, -1, SESSION_KEY)] = state.model_dump(mode="json")
     for task_id, nodes in EXPECTED_TASKS.items():
         for index, node in enumerate(nodes):
             run.tis[(task_id, index)] = {"state": f"state of {node}", "try_number": 1}

@@ -8,6 +8,7 @@ from itertools import pairwise
 import pytest
 
 from airflow_plan_provider import Budgets, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 from harness.seed import seed_plan, seed_revision, seed_tools
@@ -39,7 +40,7 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
 
     assert len(runs) == 2
     first = task_states(runs[0])
-    assert first["nodes[4]"] == first["nodes[5]"] == "skipped"  # moot after node 3's result
+    assert first[f"{NODES_TASK}[4]"] == first[f"{NODES_TASK}[5]"] == "skipped"  # moot after node 3's result
     assert str(runs[1].state) == "success"
     # every tool ran exactly once across the chain: 1-4 reused, not re-executed
     assert {t.name: log.count(t.name) for t in tools} == dict.fromkeys((t.name for t in tools), 1)
@@ -55,8 +56,8 @@ def test_seed_story_replans_node_5_and_reuses_the_rest(tmp_path):
     assert result.run_ids == session.run_ids == [r.run_id for r in runs]
     assert any(e.type == "plan.diff" for e in result.events)
     # the root run's replan task ran, found revision 1 finished, and reports the whole session
-    assert task_states(runs[0])["replan"] == "success"
-    assert xcom(runs[0], "replan") == xcom(runs[1], "finalize") == result.model_dump(mode="json")
+    assert task_states(runs[0])[REPLAN_TASK] == "success"
+    assert xcom(runs[0], REPLAN_TASK) == xcom(runs[1], FINALIZE_TASK) == result.model_dump(mode="json")
 
 
 def test_linear_success_needs_no_replan(tmp_path):
@@ -68,7 +69,7 @@ def test_linear_success_needs_no_replan(tmp_path):
     assert [run.state for run in session.runs] == ["success"]
     assert session.runs[0].node_states == dict.fromkeys("123", "success")
     assert session.result.status == "completed" and session.result.revisions == []
-    assert task_states(session.runs[0])["replan"] == "skipped"
+    assert task_states(session.runs[0])[REPLAN_TASK] == "skipped"
 
 
 def test_mid_plan_failure_replans_once_and_completes(tmp_path):
@@ -164,7 +165,7 @@ def test_no_plan(tmp_path):
         build("no_plan", ScriptedPlanner(None), [ScriptedTool("a", log=CallLog(tmp_path))]), {"goal": "g"}
     )
     assert (session.result.status, session.result.reason) == ("failed", "no_plan")
-    assert task_states(session.runs[0])["plan"] == "failed"
+    assert task_states(session.runs[0])[PLAN_TASK] == "failed"
     assert session.runs[0].node_states == {}
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_CONF_KEY
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from harness.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
@@ -34,8 +35,8 @@ def test_a_run_that_replanned_reports_the_request_not_a_failure(tmp_path):
     runs = run_session(build("pages_replanned", planner, tools), {"goal": GOAL}).runs
     root, child = runs
 
-    assert task_states(root)["finalize"] == "success"
-    own = xcom(root, "finalize")
+    assert task_states(root)[FINALIZE_TASK] == "success"
+    own = xcom(root, FINALIZE_TASK)
     assert (own["status"], own["reason"]) == ("replanned", "replan_requested")
     assert "failed" not in {r["status"] for r in own["history"]}
     assert own["replan"] == {
@@ -47,7 +48,7 @@ def test_a_run_that_replanned_reports_the_request_not_a_failure(tmp_path):
         "chain_result": "XCom return_value of task 'replan' in this run",
     }
     assert "node 3 requested a replan" in own["message"]
-    final = xcom(child, "finalize")
+    final = xcom(child, FINALIZE_TASK)
     assert (final["status"], final["reason"], final["replan"]) == ("completed", "goal_met", None)
 
 
@@ -59,8 +60,8 @@ def test_an_invalid_ready_plan_is_rejected_with_its_problems_at_once(tmp_path):
     dag = build("pages_ready_invalid", planner, seed_tools(CallLog(tmp_path)))
     run = run_plan_dag(dag, {"goal": GOAL, "plan": bad})
 
-    assert task_states(run)["plan"] == "failed"
-    result = xcom(run, "finalize")
+    assert task_states(run)[PLAN_TASK] == "failed"
+    result = xcom(run, FINALIZE_TASK)
     assert result["reason"] == "invalid_plan"
     first_line, *problems = result["message"].splitlines()
     assert first_line.startswith("the ready plan is invalid: 2 problem(s)")
@@ -77,8 +78,8 @@ def test_a_failed_node_of_a_ready_plan_ends_the_session_with_its_error(tmp_path)
     runs = run_session(build("pages_ready_fails", planner, tools), {"goal": GOAL, "plan": seed_plan()}).runs
 
     assert len(runs) == 1  # no replan run that cannot help
-    assert xcom(runs[0], "finalize", key="replan_conf") is None
-    result = xcom(runs[0], "finalize")
+    assert xcom(runs[0], FINALIZE_TASK, key=REPLAN_CONF_KEY) is None
+    result = xcom(runs[0], FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("failed", "node_failed")
     assert "node 3 failed: query_deploys: deploy API says 403" in result["message"]
     assert "no planner can replan a ready plan" in result["message"]
@@ -110,9 +111,9 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
     with create_session() as session:
         rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id).all()
         rendered = {(row.task_id, row.map_index): row.rendered_fields for row in rows}
-    assert rendered["nodes", 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
-    assert rendered["nodes", 4]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
-    assert rendered["nodes", 4]["plan_node"] == "5"
+    assert rendered[NODES_TASK, 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
+    assert rendered[NODES_TASK, 4]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
+    assert rendered[NODES_TASK, 4]["plan_node"] == "5"
 
 
 def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):

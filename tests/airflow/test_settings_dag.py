@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import ArtifactStore, Budgets, ControlRetries, Limits, NodeExecution
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 
 pytestmark = pytest.mark.airflow
@@ -30,12 +31,12 @@ def test_settings_reach_the_tasks_and_operator_args_reach_every_task(tmp_path) -
         control_retries=ControlRetries(retries=0),
         operator_args={"owner": "data-team", "queue": "plans"},
     )
-    assert sorted(dag.task_ids) == ["finalize", "nodes", "plan", "replan"]
+    assert sorted(dag.task_ids) == [FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK]
     assert {(t.owner, t.queue) for t in dag.tasks} == {("data-team", "plans")}
-    plan = dag.get_task("plan")
+    plan = dag.get_task(PLAN_TASK)
     assert plan.limits == Limits(max_nodes=7) and plan.budgets == Budgets(max_steps=4, max_replans=1)
     assert dag.params["max_steps"] == 4 and dag.params["max_replans"] == 1  # the trigger form's defaults
-    node = dag.get_task("nodes")
+    node = dag.get_task(NODES_TASK)
     assert (node.retries, node.execution_timeout, node.max_active_tis_per_dagrun, node.pool) == (
         1,
         timedelta(minutes=1),
@@ -48,7 +49,7 @@ def test_settings_reach_the_tasks_and_operator_args_reach_every_task(tmp_path) -
         10,
         False,
     )
-    assert {t.retries for t in dag.tasks if t.task_id != "nodes"} == {0}
+    assert {t.retries for t in dag.tasks if t.task_id != NODES_TASK} == {0}
 
 
 def test_an_old_keyword_names_what_replaced_it(tmp_path) -> None:

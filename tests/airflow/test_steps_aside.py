@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK
+
 
 @pytest.mark.parametrize(
     ("cap", "expected"),
@@ -33,11 +35,11 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
     )
     order = plan.run_order
     state = {"r": "running", "x": "success", "y": "queued", "a": "running", "z": "scheduled", "b": "running"}
-    states = {f"nodes_{index}": state[node] for index, node in enumerate(order)}
+    states = {f"{NODES_TASK}_{index}": state[node] for index, node in enumerate(order)}
 
     def steps_aside(node: str) -> bool:
         """What the node's wait in its slot makes of this read (the state keys, the task's cap)."""
-        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="nodes", task=None, try_number=1)
+        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
         waiting = SlotWait(
             ti=ti,
             plan=plan,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, NODES_TASK, REPLAN_TASK, lane_task_id
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.tools.jobs import JobStatus, callable_path
 from airflow_plan_provider.triggers.job import ToolJobTrigger
@@ -161,14 +162,17 @@ def test_job_trigger_keeps_polling_until_its_deadline(tmp_path: Path) -> None:
 
 def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
     trigger = ParentsFinishedTrigger(
-        dag_id="plan", run_id="manual__1", parents={"nodes": [0, 2], "nodes__api": [1]}, poll_interval=0.5
+        dag_id="plan",
+        run_id="manual__1",
+        parents={NODES_TASK: [0, 2], lane_task_id("api"): [1]},
+        poll_interval=0.5,
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
     assert kwargs == {
         "dag_id": "plan",
         "run_id": "manual__1",
-        "parents": {"nodes": [0, 2], "nodes__api": [1]},
+        "parents": {NODES_TASK: [0, 2], lane_task_id("api"): [1]},
         "poll_interval": 0.5,
     }
     rebuilt = through_the_database(trigger)
@@ -181,9 +185,27 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     answers = [
-        {"manual__1": {"nodes_0": "running", "nodes_2": "success", "nodes__api_1": "queued"}},
-        {"manual__1": {"nodes_0": "success", "nodes_2": "success", "nodes__api_1": "running"}},
-        {"manual__1": {"nodes_0": "success", "nodes_2": "success", "nodes__api_1": "failed"}},
+        {
+            "manual__1": {
+                f"{NODES_TASK}_0": "running",
+                f"{NODES_TASK}_2": "success",
+                f"{lane_task_id('api')}_1": "queued",
+            }
+        },
+        {
+            "manual__1": {
+                f"{NODES_TASK}_0": "success",
+                f"{NODES_TASK}_2": "success",
+                f"{lane_task_id('api')}_1": "running",
+            }
+        },
+        {
+            "manual__1": {
+                f"{NODES_TASK}_0": "success",
+                f"{NODES_TASK}_2": "success",
+                f"{lane_task_id('api')}_1": "failed",
+            }
+        },
     ]
     asked: list[dict[str, Any]] = []
 
@@ -192,12 +214,16 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
         return answers[len(asked) - 1]
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
-    parents = {"nodes": [0, 2], "nodes__api": [1]}
+    parents = {NODES_TASK: [0, 2], lane_task_id("api"): [1]}
     trigger = ParentsFinishedTrigger(dag_id="plan", run_id="manual__1", parents=parents, poll_interval=0.01)
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "ready"}]
     assert len(asked) == 3  # not ready while a parent was queued or running
-    assert asked[0] == {"dag_id": "plan", "task_ids": ["nodes", "nodes__api"], "run_ids": ["manual__1"]}
+    assert asked[0] == {
+        "dag_id": "plan",
+        "task_ids": [NODES_TASK, lane_task_id("api")],
+        "run_ids": ["manual__1"],
+    }
     validate_parents_event(events[0].payload)
 
 
@@ -207,8 +233,8 @@ def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch:
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     answers = [
-        {"manual__1": {"nodes_0": "running", "nodes_2": "deferred"}},
-        {"manual__1": {"nodes_0": "up_for_retry", "nodes_2": "deferred"}},
+        {"manual__1": {f"{NODES_TASK}_0": "running", f"{NODES_TASK}_2": "deferred"}},
+        {"manual__1": {f"{NODES_TASK}_0": "up_for_retry", f"{NODES_TASK}_2": "deferred"}},
     ]
     asked: list[dict[str, Any]] = []
 
@@ -218,7 +244,7 @@ def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch:
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     trigger = ParentsFinishedTrigger(
-        dag_id="plan", run_id="manual__1", parents={"nodes": [0, 2]}, poll_interval=0.01
+        dag_id="plan", run_id="manual__1", parents={NODES_TASK: [0, 2]}, poll_interval=0.01
     )
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "make_way"}] and len(asked) == 2
@@ -235,7 +261,7 @@ def test_parents_triggers_of_one_run_share_their_reads(monkeypatch: pytest.Monke
     def get_task_states(**query: Any) -> dict[str, Any]:
         calls.append(query)
         state = "running" if len(calls) < 3 else "success"
-        return {"manual__7": {f"nodes_{i}": state for i in range(3)}}
+        return {"manual__7": {f"{NODES_TASK}_{i}": state for i in range(3)}}
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     triggers = [
@@ -415,8 +441,8 @@ def test_replan_task_fails_at_once_on_an_event_without_its_run(event: Any) -> No
 
     from airflow_plan_provider.operators.replan import ReplanOperator
 
-    operator = ReplanOperator(task_id="replan", trigger_dag_id="plan")
-    with pytest.raises(AirflowFailException, match=r"task 'replan': the .*DAG run state trigger"):
+    operator = ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id="plan")
+    with pytest.raises(AirflowFailException, match=rf"task '{REPLAN_TASK}': the .*DAG run state trigger"):
         operator.execute_complete({}, event)  # type: ignore[typeddict-item]
 
 
@@ -429,8 +455,8 @@ def test_approval_task_fails_at_once_on_an_event_the_hitl_trigger_cannot_send(ev
 
     from airflow_plan_provider.operators.approval import PlanApprovalOperator
 
-    operator = PlanApprovalOperator(task_id="approve")
-    with pytest.raises(AirflowFailException, match=r"task 'approve': the .*approval trigger"):
+    operator = PlanApprovalOperator(task_id=APPROVE_TASK)
+    with pytest.raises(AirflowFailException, match=rf"task '{APPROVE_TASK}': the .*approval trigger"):
         operator.execute_complete({}, event)  # type: ignore[typeddict-item]
 
 
@@ -467,7 +493,7 @@ def test_node_fails_with_the_fault_when_its_job_event_is_malformed(
     )
     run = run_plan_dag(dag, {"goal": "g"})
     assert str(run.state) == "failed"
-    record = xcom(run, "nodes", key="node", map_index=0)
+    record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
     assert record["status"] == "failed" and record["output"] is None
     assert record["error"] == "the done event from the job trigger has no result"
     assert record["polling"]["outcome"] == "malformed"
