@@ -1,0 +1,138 @@
+"""The contract between a plan DAG's tasks: its names, the shapes of what tasks publish, and their readers."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_plan_provider import contract
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    REPLAN_TASK,
+    ApprovalRecord,
+    PlanningErrorRecord,
+    ReplanConf,
+    approval_lets_nodes_run,
+    labelled_node,
+    lane_task_id,
+    locked_key,
+    node_label,
+    select_task_id,
+    session_outcome,
+)
+from airflow_plan_provider.exceptions import PlanningError
+from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.problems import Problem, describe
+from airflow_plan_provider.plan.session import replan_conf, start_session
+
+
+def test_the_names_are_those_users_see() -> None:
+    """Task ids and keys are public: the grid, the REST API (``.../taskInstances/approve/-1/hitlDetails``,
+    ``.../xcomEntries/return_value``) and runs made by an earlier version all use them. The literals here
+    are what this test checks."""
+    tasks = {
+        name: getattr(contract, name)
+        for name in ("PLAN_TASK", "APPROVE_TASK", "NODES_TASK", "FINALIZE_TASK", "REPLAN_TASK")
+    }
+    assert tasks == {
+        "PLAN_TASK": "plan",
+        "APPROVE_TASK": "approve",
+        "NODES_TASK": "nodes",
+        "FINALIZE_TASK": "finalize",
+        "REPLAN_TASK": "replan",
+    }
+    keys = {name: value for name, value in vars(contract).items() if name.endswith("_KEY")}
+    assert keys == {
+        "RESULT_KEY": "return_value",
+        "PLAN_KEY": "plan",
+        "SESSION_KEY": "session",
+        "RUN_CONTEXT_KEY": "run",
+        "PLANNING_ERROR_KEY": "planning_error",
+        "APPROVAL_KEY": "approval",
+        "NODE_KEY": "node",
+        "POLLING_KEY": "polling",
+        "REPLAN_CONF_KEY": "replan_conf",
+    }
+    assert lane_task_id(None) == "nodes" and lane_task_id("ticket_api") == "nodes__ticket_api"
+    assert select_task_id(lane_task_id("ticket_api")) == "select_nodes__ticket_api"
+    assert locked_key("3") == "locked__3"
+    assert node_label("3", "query deploys") == "3 · query deploys"
+
+
+def test_a_label_names_its_node() -> None:
+    assert labelled_node(node_label("n-1", "a · b")) == "n-1"
+    assert labelled_node(None) is None and labelled_node("") is None
+
+
+def approval(status: str = "granted", **fields: object) -> Approval:
+    return Approval.model_validate({"revision": 1, "run_id": "r", "status": status, **fields})
+
+
+def test_an_approval_record_lets_nodes_run_only_when_granted_or_not_needed() -> None:
+    asked = approval("rejected", nodes=["2"], calls={"2": "d" * 64}, approvers=["ops"])
+    requested = ApprovalRecord.requested(asked).model_dump(mode="json")
+    granted = ApprovalRecord.model_validate(approval(nodes=["2"]).model_dump(mode="json"))
+    not_needed = ApprovalRecord.not_needed(2, ["1"]).model_dump(mode="json")
+    assert requested["status"] == "requested" and requested["approvers"] == ["ops"]
+    assert not_needed == {"status": "not_needed", "revision": 2, "approved_earlier": ["1"]}
+    assert [approval_lets_nodes_run(v) for v in (granted.model_dump(mode="json"), not_needed)] == [True, True]
+    rejected = approval("rejected").model_dump(mode="json")
+    for value in (requested, rejected, None, {}, {"status": "maybe"}, "granted", ["granted"]):
+        assert approval_lets_nodes_run(value) is False, value
+
+
+def test_an_approval_record_gives_the_answer_an_unanswered_request_a_rejection() -> None:
+    asked = approval("rejected", nodes=["2"], calls={"2": "d" * 64}, requested_at="t0")
+    unanswered = ApprovalRecord.model_validate(ApprovalRecord.requested(asked).model_dump(mode="json"))
+    answer = unanswered.answer()
+    assert answer is not None
+    assert (answer.status, answer.calls, answer.nodes) == ("rejected", {}, ["2"])
+    assert answer.message == "the approval task ended unanswered" and answer.requested_at == "t0"
+    granted = approval(nodes=["2"], calls={"2": "d" * 64}, responded_by="ops")
+    assert ApprovalRecord.model_validate(granted.model_dump(mode="json")).answer() == granted
+    assert ApprovalRecord.not_needed(0, []).answer() is None
+
+
+def test_the_replan_conf_finalize_prepares_is_a_replan_conf() -> None:
+    state = start_session(goal="g", run_id="root").model_copy(update={"revision": 2})
+    conf = ReplanConf.model_validate(replan_conf(state))
+    assert conf.goal == "g" and conf.state == state
+
+
+def test_a_planning_error_keeps_its_own_text_apart_from_its_problem_list() -> None:
+    problems = [Problem("empty_plan", f"plan has no nodes\n  - {i}", path="nodes") for i in range(30)]
+    error = PlanningError("no valid plan\n  - after 3 attempt(s)", problems, reason="invalid_plan")
+    assert error.text == "no valid plan\n  - after 3 attempt(s)"  # the list's formatting in its own text
+    assert str(error) == f"{error.text}\n{describe(problems)}"
+    record = PlanningErrorRecord(reason=error.reason, message=str(error))
+    assert PlanningErrorRecord.model_validate(record.model_dump(mode="json")) == record
+
+
+def result(status: str, **fields: object) -> dict[str, object]:
+    return {"status": status, "reason": "goal_met" if status == "completed" else "node_failed", **fields}
+
+
+REPLANNED = {**result("replanned"), "reason": "replan_requested"}
+
+
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [
+        ({}, None),  # finalize has not reported
+        ({FINALIZE_TASK: result("completed")}, "completed"),
+        ({FINALIZE_TASK: result("failed")}, "failed"),
+        ({FINALIZE_TASK: {"status": "not a result"}}, None),
+        ({FINALIZE_TASK: {**result("replanned"), "reason": "replan_requested"}}, None),  # the chain goes on
+        (
+            {
+                FINALIZE_TASK: {**result("replanned"), "reason": "replan_requested"},
+                REPLAN_TASK: result("failed"),
+            },
+            "failed",
+        ),
+    ],
+)
+def test_a_run_reports_its_own_result_or_its_chains(
+    returned: dict[str, dict[str, object]], expected: str | None
+) -> None:
+    outcome = session_outcome(returned.get)
+    assert (outcome.status if outcome else None) == expected
