@@ -80,11 +80,6 @@ def select_task_id(node_task: str) -> str:
     return f"{SELECT_PREFIX}{node_task}"
 
 
-def is_node_task(task_id: str) -> bool:
-    """Whether ``task_id`` (unprefixed) is a node task: ``nodes`` or a pool lane's ``nodes__<lane>``."""
-    return task_id == NODES_TASK or task_id.startswith(NODES_TASK + LANE_SEPARATOR)
-
-
 def locked_key(node_id: str) -> str:
     """The XCom key (of ``plan``) holding a reused node's locked output."""
     return f"{LOCKED_PREFIX}{node_id}"

@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
 from harness.cluster import AirflowCluster
@@ -46,8 +48,6 @@ from harness.postgres import PostgresDatabase
 
 Plan = dict[str, Any]
 DATABASES = ("sqlite", "postgresql")
-NODE_TASK = "nodes"  # the plan DAG's mapped task: one instance per node
-PLAN_TASK, FINALIZE_TASK = "plan", "finalize"
 WARM_PLAN, WARM_STATIC = "bench_warm_plan", "bench_warm_static"
 WARM_UP_SECONDS = 1.0
 
@@ -336,7 +336,7 @@ class Run:
         ``n<id>``)."""
         out = {}
         for ti in self.tis:
-            if ti["task_id"] == NODE_TASK:
+            if ti["task_id"] == NODES_TASK:  # the plan DAG's mapped task: one instance per node
                 out[(ti.get("rendered_map_index") or "").split(" · ")[0]] = ti
             elif ti["task_id"].startswith("n") and ti["task_id"][1:] in self.tools:
                 out[ti["task_id"][1:]] = ti

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import APPROVE_TASK, NODES_TASK
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowApiError, AirflowCluster
 from harness.sqlite import API_TIMEOUT, locked
@@ -162,11 +163,11 @@ def wait_for_request(env: Env, dag_id: str, run_id: str, timeout: float = RUN_TI
         # "success" for the process that parked it (scheduler_job_runner: "state changed externally"),
         # so answer only once the scheduler has logged that event: a person never answers that fast.
         if (
-            states.get("approve") == "awaiting_input"
+            states.get(APPROVE_TASK) == "awaiting_input"
             and parked in env.cluster.log_path("scheduler").read_text()
         ):
             return env.cluster.request("GET", hitl_path(dag_id, run_id))
-        assert states.get("approve") not in ("success", "failed", "skipped", "upstream_failed"), states
+        assert states.get(APPROVE_TASK) not in ("success", "failed", "skipped", "upstream_failed"), states
         time.sleep(0.5)
     raise AssertionError(f"{dag_id}/{run_id} never asked for approval: {env.cluster.diagnostics()}")
 
@@ -218,7 +219,7 @@ def test_rejected_plan_runs_no_node_and_fails_rejected(env: Env) -> None:
     assert [e["type"] for e in result["events"] if e["type"].startswith("approval.")] == ["approval.rejected"]
     assert env.calls_of(dag_id, run_id, "purge") == [] and env.calls_of(dag_id, run_id) == []
     tis = env.cluster.task_instances(dag_id, run_id)
-    assert not [t for t in tis if t["task_id"].startswith("nodes") and t["state"] == "success"]
+    assert not [t for t in tis if t["task_id"].startswith(NODES_TASK) and t["state"] == "success"]
 
 
 def test_approved_plan_completes(env: Env) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing import CallLog
 from harness.cluster import AirflowCluster
 from harness.sqlite import LOCK_TIMEOUT
@@ -58,7 +59,7 @@ def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster
     assert result is not None and result.status == "completed"
     assert result.outputs == {"a": "slow", "b": "q", "c": "q", "d": "q"}
     task_ids = {ti["task_id"] for ti in airflow.task_instances("e2e_unbalanced", run_id)}
-    assert task_ids == {"plan", "nodes", "finalize"}
+    assert task_ids == {PLAN_TASK, NODES_TASK, FINALIZE_TASK}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,7 @@ def test_a_cap_of_two_with_a_root_that_retries_twice_completes(
     root = next(
         ti
         for ti in airflow.task_instances(dag_id, run_id)
-        if ti["task_id"] == "nodes" and ti["map_index"] == 0
+        if ti["task_id"] == NODES_TASK and ti["map_index"] == 0
     )
     assert root["try_number"] == 3
     log = CallLog(calls / dag_id)

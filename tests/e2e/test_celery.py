@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK
 from harness.cluster import AirflowCluster
 from harness.logs import error_lines
 from harness.postgres import PostgresDatabase
@@ -76,7 +77,7 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
     node_hosts = {
         (run_id, ti["rendered_map_index"].split(" · ")[0]): ti["hostname"]
         for run_id, ti in ran
-        if ti["task_id"].startswith("nodes") and ti["map_index"] >= 0 and ti["state"] == "success"
+        if ti["task_id"].startswith(NODES_TASK) and ti["map_index"] >= 0 and ti["state"] == "success"
     }
     print(f"[e2e] node hosts: {sorted(node_hosts.items())}")
     assert len(node_hosts) == 4 + 6  # the root run's queries, then the whole revised plan

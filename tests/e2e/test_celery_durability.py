@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowCluster
 from harness.logs import error_lines
@@ -40,7 +41,7 @@ LOST_TASK_SETTINGS = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
 }
 # the task each session's conf holds, and where that task runs
-TARGETS = {"plan": ("plan", -1), "node": ("nodes", 0), "finalize": ("finalize", -1)}
+TARGETS = {"plan": (PLAN_TASK, -1), "node": (NODES_TASK, 0), "finalize": (FINALIZE_TASK, -1)}
 
 
 @pytest.fixture(scope="module")

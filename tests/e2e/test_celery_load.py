@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK, lane_task_id
 from harness.cluster import AirflowCluster
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, require_postgres_and_redis
 
@@ -124,7 +125,7 @@ def test_ten_sessions_of_twenty_nodes_with_a_pool_of_three(celery: Cluster) -> N
         for node, ti in by_node.items():
             pooled = node.startswith("api")
             assert ti["pool"] == (dags.POOL if pooled else "default_pool"), (node, ti["task_id"], ti["pool"])
-            assert ti["task_id"] == ("nodes__rate_limited_api" if pooled else "nodes")
+            assert ti["task_id"] == (lane_task_id("rate_limited_api") if pooled else NODES_TASK)
             assert ti["hostname"] == records[node].hostname
             if pooled:
                 api_hosts.add(ti["hostname"])
@@ -156,9 +157,9 @@ def test_a_plan_waits_across_lanes(celery: Cluster) -> None:
         if ti["map_index"] >= 0
     }
     assert tis == {
-        "api0": ("nodes__rate_limited_api", 0, dags.POOL),
-        "api1": ("nodes__rate_limited_api", 1, dags.POOL),
-        "local0": ("nodes", 1, "default_pool"),
-        "local1": ("nodes", 0, "default_pool"),
-        "sum0": ("nodes", 2, "default_pool"),
+        "api0": (lane_task_id("rate_limited_api"), 0, dags.POOL),
+        "api1": (lane_task_id("rate_limited_api"), 1, dags.POOL),
+        "local0": (NODES_TASK, 1, "default_pool"),
+        "local1": (NODES_TASK, 0, "default_pool"),
+        "sum0": (NODES_TASK, 2, "default_pool"),
     }

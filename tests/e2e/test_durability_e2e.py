@@ -22,6 +22,14 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODE_KEY,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    REPLAN_TASK,
+)
 from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.scripted import CallLog
@@ -78,14 +86,14 @@ def node_tis(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dic
     ``nodes[i]``). Empty before the plan is published and the node task is expanded.
     """
     try:
-        plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
+        plan = cluster.xcom(dag_id, run_id, PLAN_TASK, key=PLAN_KEY)
     except AirflowApiError as error:
         if error.status == 404:
             return {}
         raise
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
     order = ValidatedPlan.model_validate(plan).run_order
-    return {node: tis[("nodes", i)] for i, node in enumerate(order) if ("nodes", i) in tis}
+    return {node: tis[(NODES_TASK, i)] for i, node in enumerate(order) if (NODES_TASK, i) in tis}
 
 
 def states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
@@ -244,7 +252,7 @@ class TestCrashAndClear:
         [effect] = [e for e in done if e["node"] == target]
         assert (effect["key"], effect["pid"]) == (calls[0]["key"], victim)
         record = cluster.xcom(
-            CRASH_DAG, run_id, tis[target]["task_id"], key="node", map_index=tis[target]["map_index"]
+            CRASH_DAG, run_id, tis[target]["task_id"], key=NODE_KEY, map_index=tis[target]["map_index"]
         )
         assert record["status"] == "success"
         assert record["output"]["performed"] is False  # the retry found the effect done
@@ -276,7 +284,7 @@ class TestCrashAndClear:
             "r": "success",
             "s": "skipped",
         }
-        assert task_instance(cluster, CLEAR_DAG, run_id, "finalize")["state"] == "failed"
+        assert task_instance(cluster, CLEAR_DAG, run_id, FINALIZE_TASK)["state"] == "failed"
         assert {n: len(starts(log, CLEAR_DAG, run_id, n)) for n in tis} == {
             "p1": 1,
             "p2": 1,
@@ -300,8 +308,8 @@ class TestCrashAndClear:
             {"dry_run": True, "task_ids": [marker("p2")], "only_failed": False, "include_downstream": True}
         ) == {
             (p2["task_id"], p2["map_index"], "failed"),
-            ("finalize", -1, "failed"),
-            ("replan", -1, "upstream_failed"),
+            (FINALIZE_TASK, -1, "failed"),
+            (REPLAN_TASK, -1, "upstream_failed"),
         }
 
         # Open the gate, then clear the node task with its downstream. The succeeded nodes p1 and r
@@ -320,7 +328,7 @@ class TestCrashAndClear:
             (q["task_id"], q["map_index"]),
             (r["task_id"], r["map_index"]),
             (s["task_id"], s["map_index"]),
-            ("finalize", -1),
+            (FINALIZE_TASK, -1),
         } <= cleared_now
         assert cluster.wait_for_run(CLEAR_DAG, run_id, timeout=RUN_TIMEOUT) == "success"
         after = node_tis(cluster, CLEAR_DAG, run_id)
@@ -333,10 +341,10 @@ class TestCrashAndClear:
             "r": 1,
             "s": 1,
         }
-        r_record = cluster.xcom(CLEAR_DAG, run_id, r["task_id"], key="node", map_index=r["map_index"])
+        r_record = cluster.xcom(CLEAR_DAG, run_id, r["task_id"], key=NODE_KEY, map_index=r["map_index"])
         assert r_record["checkpoint"] is True and r_record["status"] == "success"
-        assert task_instance(cluster, CLEAR_DAG, run_id, "finalize")["state"] == "success"
-        record = cluster.xcom(CLEAR_DAG, run_id, p2["task_id"], key="node", map_index=p2["map_index"])
+        assert task_instance(cluster, CLEAR_DAG, run_id, FINALIZE_TASK)["state"] == "success"
+        record = cluster.xcom(CLEAR_DAG, run_id, p2["task_id"], key=NODE_KEY, map_index=p2["map_index"])
         assert (record["status"], record["output"], record["attempts"]) == ("success", 7, 2)
         result = cluster.session_result(CLEAR_DAG, run_id)
         assert result is not None
@@ -364,7 +372,7 @@ class TestDeferredNodeHoldsNoWorkerSlot:
 
         def export_ti() -> dict[str, Any] | None:
             try:
-                return task_instance(cluster, ASYNC_DAG, run_a, "nodes", 0)
+                return task_instance(cluster, ASYNC_DAG, run_a, NODES_TASK, 0)
             except ValueError:  # not expanded yet
                 return None
 
@@ -385,7 +393,7 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         assert done is not None and done["state"] == "success"
         b_end = utc(cluster.get_run(QUICK_DAG, run_b)["end_date"])
         assert b_end < utc(done["end_date"])  # B ended before A's node did
-        record = cluster.xcom(ASYNC_DAG, run_a, "nodes", key="node", map_index=0)
+        record = cluster.xcom(ASYNC_DAG, run_a, NODES_TASK, key=NODE_KEY, map_index=0)
         assert record["status"] == "success"
         assert record["output"] == {"rows": 42, "uri": "file:///exports/table.parquet"}
         assert record["polling"]["outcome"] == "done"
@@ -398,9 +406,9 @@ class TestDeferredNodeHoldsNoWorkerSlot:
         cluster = env.cluster
         run_id = cluster.trigger(ASYNC_FAILS_DAG, {"goal": "export"})
         assert cluster.wait_for_run(ASYNC_FAILS_DAG, run_id, timeout=RUN_TIMEOUT) == "failed"
-        ti = task_instance(cluster, ASYNC_FAILS_DAG, run_id, "nodes", 0)
+        ti = task_instance(cluster, ASYNC_FAILS_DAG, run_id, NODES_TASK, 0)
         assert (ti["state"], ti["try_number"]) == ("failed", 1)  # a failed job is not retried
-        record = cluster.xcom(ASYNC_FAILS_DAG, run_id, "nodes", key="node", map_index=0)
+        record = cluster.xcom(ASYNC_FAILS_DAG, run_id, NODES_TASK, key=NODE_KEY, map_index=0)
         assert record["status"] == "failed"
         assert record["error"] == "job failed: warehouse export quota exceeded"
         assert record["polling"]["outcome"] == "failed"

@@ -19,6 +19,14 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    SESSION_KEY,
+    select_task_id,
+)
 from airflow_plan_provider.planners.template import fill_template
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
 from harness.cluster import AirflowCluster
@@ -188,11 +196,13 @@ def test_llm_plan_replans_and_never_leaks_the_key(cluster: AirflowCluster, serve
     assert API_KEY not in result.model_dump_json()  # its events included
     for run_id in (root, child):
         logs = all_logs(cluster, run_id)
-        assert ("plan", -1, 1) in logs and "Asking" in logs[("plan", -1, 1)]  # the planner's own log lines
+        assert (PLAN_TASK, -1, 1) in logs and "Asking" in logs[
+            (PLAN_TASK, -1, 1)
+        ]  # the planner's own log lines
         leaked = [key for key, text in logs.items() if API_KEY in text]
         assert not leaked, f"API key in the logs of {leaked}"
         xcoms = all_xcoms(cluster, run_id)
-        assert {"plan", "session"} <= {key for _task, key, _index, _value in xcoms}
+        assert {PLAN_KEY, SESSION_KEY} <= {key for _task, key, _index, _value in xcoms}
         leaked_x = [(t, k, i) for t, k, i, value in xcoms if API_KEY in json.dumps(value, default=str)]
         assert not leaked_x, f"API key in the XComs {leaked_x}"
     assert API_KEY not in json.dumps(cluster.get_run(DAG_ID, child)["conf"])
@@ -213,14 +223,16 @@ def test_cyclic_plan_fails_planning_after_the_repairs(
 
     tis = cluster.task_instances(DAG_ID, root)
     states = {(ti["task_id"], ti["map_index"]): ti["state"] for ti in tis}
-    assert states[("plan", -1)] == "failed"
-    assert states[("finalize", -1)] == "failed"
-    node_tasks = {k: s for k, s in states.items() if k[0].startswith(("nodes", "select_nodes"))}
+    assert states[(PLAN_TASK, -1)] == "failed"
+    assert states[(FINALIZE_TASK, -1)] == "failed"
+    node_tasks = {
+        k: s for k, s in states.items() if k[0].startswith((NODES_TASK, select_task_id(NODES_TASK)))
+    }
     assert node_tasks and set(node_tasks.values()) <= {"upstream_failed", "skipped"}, node_tasks
-    assert all(ti["try_number"] == 0 for ti in tis if ti["task_id"].startswith("nodes"))
+    assert all(ti["try_number"] == 0 for ti in tis if ti["task_id"].startswith(NODES_TASK))
     assert [r["dag_run_id"] for r in cluster.list_runs(DAG_ID) if r["dag_run_id"].startswith(root)] == [root]
 
-    result = cluster.xcom(DAG_ID, root, "finalize")
+    result = cluster.xcom(DAG_ID, root, FINALIZE_TASK)
     assert (result["status"], result["reason"]) == ("failed", "invalid_plan")
     assert "cycle" in result["message"]
     for node_id in ("alpha", "beta", "gamma"):

@@ -16,6 +16,14 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODE_KEY,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    REPLAN_TASK,
+)
 from airflow_plan_provider.plan.calls import idempotency_key
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.scripted import CallLog
@@ -74,11 +82,11 @@ def run_to_end(cluster: AirflowCluster, dag_id: str, conf: dict[str, Any]) -> tu
 
 def states_by_node(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
     """Plan node id → task state, from the published plan (the i-th node in run order is ``nodes[i]``)."""
-    plan = cluster.xcom(dag_id, run_id, "plan", key="plan")
+    plan = cluster.xcom(dag_id, run_id, PLAN_TASK, key=PLAN_KEY)
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in cluster.task_instances(dag_id, run_id)}
     states = {}
     for i, node_id in enumerate(ValidatedPlan.model_validate(plan).run_order):
-        ti = tis[("nodes", i)]
+        ti = tis[(NODES_TASK, i)]
         label = ti.get("rendered_map_index")
         if label:  # the grid label names the same node
             assert label.split(" · ")[0] == node_id, (label, node_id)
@@ -159,7 +167,7 @@ def test_permanent_failure_is_contained_and_fails_the_run(env: Env) -> None:
         "5": "skipped",
         "6": "skipped",
     }
-    assert task_instance(cluster, dag_id, run_id, "finalize")["state"] == "failed"
+    assert task_instance(cluster, dag_id, run_id, FINALIZE_TASK)["state"] == "failed"
 
     result = cluster.session_result(dag_id, run_id)
     assert result is not None
@@ -180,8 +188,8 @@ def test_scripted_replan_chain_reuses_finished_nodes(env: Env) -> None:
     assert state == "success", cluster.diagnostics()
     assert run_ids(cluster, dag_id) == [root, child]
     assert cluster.get_run(dag_id, child)["state"] == "success"
-    assert task_instance(cluster, dag_id, root, "replan")["state"] == "success"
-    assert task_instance(cluster, dag_id, child, "replan")["state"] == "skipped"
+    assert task_instance(cluster, dag_id, root, REPLAN_TASK)["state"] == "success"
+    assert task_instance(cluster, dag_id, child, REPLAN_TASK)["state"] == "skipped"
     assert states_by_node(cluster, dag_id, root)["5"] == "skipped"
 
     log = env.log(dag_id)
@@ -227,13 +235,13 @@ def test_transient_failure_is_retried_by_airflow(env: Env) -> None:
     cluster, dag_id = env.cluster, "e2e_transient"
     run_id, state = run_to_end(cluster, dag_id, {"goal": "retry"})
     assert state == "success"
-    flaky = task_instance(cluster, dag_id, run_id, "nodes", 0)
+    flaky = task_instance(cluster, dag_id, run_id, NODES_TASK, 0)
     assert (flaky["state"], flaky["try_number"]) == ("success", 2)
-    assert task_instance(cluster, dag_id, run_id, "nodes", 1)["try_number"] == 1
+    assert task_instance(cluster, dag_id, run_id, NODES_TASK, 1)["try_number"] == 1
     assert env.log(dag_id).count("flaky") == 2
-    record = cluster.xcom(dag_id, run_id, "nodes", key="node", map_index=0)
+    record = cluster.xcom(dag_id, run_id, NODES_TASK, key=NODE_KEY, map_index=0)
     assert (record["status"], record["attempts"]) == ("success", 2)
-    assert "transient failure 1" in cluster.task_log(dag_id, run_id, "nodes", try_number=1, map_index=0)
+    assert "transient failure 1" in cluster.task_log(dag_id, run_id, NODES_TASK, try_number=1, map_index=0)
 
 
 def test_a_plan_group_runs_between_the_teams_own_tasks(env: Env) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, REPLAN_TASK
 from harness.cluster import AirflowCluster
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
@@ -303,7 +304,7 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     )
     assert "no deploys" in browser.find_element(By.ID, "reason").text
     node5 = details(browser, "5")
-    ti = task_instance(cluster, session.child, "nodes", 4)
+    ti = task_instance(cluster, session.child, NODES_TASK, 4)
     assert node5["Tool"] == "analyze_correlation" and node5["Reused"] == "no"
     assert node5["Worker"] == ti["hostname"] and node5["Attempts"] == str(ti["try_number"])
     assert node5["Revision"] == "revised"
@@ -331,8 +332,8 @@ def test_replan_links_lead_from_the_root_to_the_child_and_back(session: Session,
         assert target in body and "Not Found" not in body
         shot(browser, picture)
 
-    follow(root, "replan", "Triggered DAG", child, "04_triggered_dag_link_to_the_child")
-    follow(child, "plan", "Parent run", root, "05_parent_run_link_back_to_the_root")
+    follow(root, REPLAN_TASK, "Triggered DAG", child, "04_triggered_dag_link_to_the_child")
+    follow(child, PLAN_TASK, "Parent run", root, "05_parent_run_link_back_to_the_root")
 
     # the same way inside the Plan tab: to the replan run and back to its parent
     browser.get(session.url(f"/dags/{DAG}/runs/{quoted(root)}/plugin/plan"))

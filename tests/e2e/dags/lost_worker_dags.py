@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider import Budgets, ControlRetries, build_plan_dag
+from airflow_plan_provider.contract import FINALIZE_TASK
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
@@ -95,7 +96,7 @@ def hold_finalize(context: Any) -> None:
     """``on_execute_callback`` of every task: holds the first try of finalize when the conf says so."""
     ti = context["ti"]
     conf = context["dag_run"].conf or {}
-    if ti.task_id == "finalize" and conf.get("hold") == "finalize" and ti.try_number == 1:
+    if ti.task_id == FINALIZE_TASK and conf.get("hold") == "finalize" and ti.try_number == 1:
         hold_once(call_log(DAG_ID).folder, str(conf.get("tag")))
 
 
