@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from airflow_plan_provider.contract import FINALIZE_TASK, REPLAN_CONF_KEY
+from airflow_plan_provider.contract import FINALIZE_TASK, REPLAN_CONF_KEY, ReplanConf
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.plan.session import SessionState, replan_run_id
 
@@ -103,13 +103,13 @@ def _differing_fields(prepared: Mapping[str, Any], conf: Mapping[str, Any]) -> l
     others = 0
     for key in _differing_keys(prepared, conf):
         ours, theirs = prepared.get(key), conf.get(key)
-        if key == "session" and isinstance(ours, Mapping) and isinstance(theirs, Mapping):
+        if key in ReplanConf.model_fields and isinstance(ours, Mapping) and isinstance(theirs, Mapping):
             for field in _differing_keys(ours, theirs):
                 if field in SessionState.model_fields:
                     named.append(f"session.{field}")
                 else:
                     others += 1
-        elif key in prepared or key == "session":
+        elif key in prepared or key in ReplanConf.model_fields:
             named.append(key)
         else:
             others += 1

@@ -162,7 +162,7 @@ def test_job_trigger_keeps_polling_until_its_deadline(tmp_path: Path) -> None:
 
 def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
     trigger = ParentsFinishedTrigger(
-        dag_id="plan",
+        dag_id="plan_dag",
         run_id="manual__1",
         parents={NODES_TASK: [0, 2], lane_task_id("api"): [1]},
         poll_interval=0.5,
@@ -170,7 +170,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
     assert kwargs == {
-        "dag_id": "plan",
+        "dag_id": "plan_dag",
         "run_id": "manual__1",
         "parents": {NODES_TASK: [0, 2], lane_task_id("api"): [1]},
         "poll_interval": 0.5,
@@ -215,12 +215,14 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     parents = {NODES_TASK: [0, 2], lane_task_id("api"): [1]}
-    trigger = ParentsFinishedTrigger(dag_id="plan", run_id="manual__1", parents=parents, poll_interval=0.01)
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan_dag", run_id="manual__1", parents=parents, poll_interval=0.01
+    )
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "ready"}]
     assert len(asked) == 3  # not ready while a parent was queued or running
     assert asked[0] == {
-        "dag_id": "plan",
+        "dag_id": "plan_dag",
         "task_ids": [NODES_TASK, lane_task_id("api")],
         "run_ids": ["manual__1"],
     }
@@ -244,7 +246,7 @@ def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch:
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     trigger = ParentsFinishedTrigger(
-        dag_id="plan", run_id="manual__1", parents={NODES_TASK: [0, 2]}, poll_interval=0.01
+        dag_id="plan_dag", run_id="manual__1", parents={NODES_TASK: [0, 2]}, poll_interval=0.01
     )
     events = events_of(trigger)
     assert [event.payload for event in events] == [{"status": "make_way"}] and len(asked) == 2
@@ -265,7 +267,9 @@ def test_parents_triggers_of_one_run_share_their_reads(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     triggers = [
-        ParentsFinishedTrigger(dag_id="plan", run_id="manual__7", parents={"nodes": [i]}, poll_interval=0.2)
+        ParentsFinishedTrigger(
+            dag_id="plan_dag", run_id="manual__7", parents={NODES_TASK: [i]}, poll_interval=0.2
+        )
         for i in range(3)
     ]
 
@@ -293,7 +297,9 @@ def test_parents_triggers_wait_through_failed_reads(
 
     monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
     triggers = [
-        ParentsFinishedTrigger(dag_id="plan", run_id="manual__8", parents={"nodes": [i]}, poll_interval=0.2)
+        ParentsFinishedTrigger(
+            dag_id="plan_dag", run_id="manual__8", parents={NODES_TASK: [i]}, poll_interval=0.2
+        )
         for i in range(2)
     ]
 
