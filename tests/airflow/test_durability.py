@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_plan_provider import ArtifactStore, NodeExecution
-from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK
+from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK, POLLING_KEY, PollingRecord
 from airflow_plan_provider.planners.llm_prompt import build_messages
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
@@ -109,7 +109,13 @@ def test_asynchronous_tool_defers_and_succeeds_with_the_jobs_result(tmp_path):
     run = run_plan_dag(build("async_ok", ScriptedPlanner(plan), tools), {"goal": "g"})
     assert str(run.state) == "success"
     record = xcom(run, NODES_TASK, key=NODE_KEY, map_index=0)
-    assert record["output"] == {"rows": 42} and record["polling"]["outcome"] == "done"
+    assert record["output"] == {"rows": 42}
+    done = PollingRecord.model_validate(record["polling"])
+    assert done.outcome == "done" and done.handle["result"] == {"rows": 42}
+    assert done.since is not None and done.until is not None and done.key
+    waiting = PollingRecord.model_validate(xcom(run, NODES_TASK, key=POLLING_KEY, map_index=0))
+    assert (waiting.handle, waiting.since, waiting.key) == (done.handle, done.since, done.key)
+    assert waiting.started is not None and waiting.outcome is None
     assert xcom(run, NODES_TASK, key=NODE_KEY, map_index=1)["output"] == 42
     events = [e["type"] for e in xcom(run, FINALIZE_TASK)["events"]]
     assert "node.polling" in events
