@@ -235,7 +235,7 @@ class PollingRecord(BaseModel):
     until: str | None = None
     outcome: str | None = None
     missing: list[str] = Field(default_factory=list)
-    started: str | None = None
+    started: float | None = None  # when the tool was called, in epoch seconds
     events: list[dict[str, Any]] = Field(default_factory=list)
 
 
