@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, lane_task_id
 from airflow_plan_provider.plan.waiting import Wait, WaitView
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
@@ -47,7 +48,6 @@ FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "remove
 FAILED = frozenset({"failed", "skipped", "upstream_failed"})
 IN_SLOT = frozenset({"queued", "running"})
 UNDER_TASK_CAP = frozenset({"queued", "running", "deferred"})
-NODES = "nodes"
 
 
 class Ti:
@@ -110,8 +110,7 @@ class Run:
 
 
 def task_of(plan: SimPlan, node: str) -> str:
-    lane = plan.lanes.get(node)
-    return f"{NODES}__{lane}" if lane else NODES
+    return lane_task_id(plan.lanes.get(node))
 
 
 @dataclass
@@ -293,11 +292,11 @@ class Simulation:
 
     def _pool(self, ti: Ti) -> tuple[str, int | None]:
         lane = ti.run.plan.lanes.get(ti.node)
-        if lane is not None and ti.task != "plan" and ti.task != "finalize":
+        if lane is not None and ti.task != PLAN_TASK and ti.task != FINALIZE_TASK:
             return lane, self.caps.lane_pools.get(lane)
-        if ti.task in ("plan", "finalize"):
+        if ti.task in (PLAN_TASK, FINALIZE_TASK):
             return "default", None
-        return "nodes", self.caps.pool
+        return NODES_TASK, self.caps.pool
 
     def _pool_holds(self, state: str | None) -> bool:
         return state in IN_SLOT or (state == "deferred" and self.caps.pool_counts_deferred)
@@ -340,7 +339,7 @@ class Simulation:
             self._wake(self.now)
         for watcher in run.trigger_watchers.get(ti.node, ()):
             self._trigger_tick(watcher)
-        if new in FINISHED and ti.task not in ("plan", "finalize"):
+        if new in FINISHED and ti.task not in (PLAN_TASK, FINALIZE_TASK):
             run.unfinished -= 1
             if run.unfinished == 0:
                 self._wake(self.now)
@@ -390,8 +389,8 @@ class Simulation:
     def _loop_body(self) -> None:
         now = self.now
         for run in self.runs:
-            if run.trigger_at <= now and "plan" not in run.tis and not run.static:
-                ti = run.tis["plan"] = Ti(run, "plan", "plan", -1, 10**9)
+            if run.trigger_at <= now and PLAN_TASK not in run.tis and not run.static:
+                ti = run.tis[PLAN_TASK] = Ti(run, PLAN_TASK, PLAN_TASK, -1, 10**9)
                 self.set_state(ti, "scheduled")
             if (run.planned or (run.static and run.trigger_at <= now)) and not run.expanded:
                 self._expand(run)
@@ -401,7 +400,7 @@ class Simulation:
                     run.end = max(self.ended.get(run.index, [now]))
                     self.open_runs -= 1
                 else:
-                    ti = run.tis["finalize"] = Ti(run, "finalize", "finalize", -1, 10**9)
+                    ti = run.tis[FINALIZE_TASK] = Ti(run, FINALIZE_TASK, FINALIZE_TASK, -1, 10**9)
                     self.set_state(ti, "scheduled")
         while self.due and self.due[0][0] <= now:
             _, _, ti = heapq.heappop(self.due)
@@ -429,7 +428,7 @@ class Simulation:
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
                 ti.parents_left = len(run.plan.parents[node])
         for node, ti in run.tis.items():
-            if node in ("plan", "finalize"):
+            if node in (PLAN_TASK, FINALIZE_TASK):
                 continue
             if run.static:
                 if ti.parents_left == 0:
@@ -452,7 +451,7 @@ class Simulation:
                 continue
             pool, slots = self._pool(ti)
             dag_cap = caps.dag_cap
-            task_cap = caps.task_cap if ti.task.startswith(NODES) else None
+            task_cap = caps.task_cap if ti.task.startswith(NODES_TASK) else None
             if (
                 (slots is not None and pool_used.get(pool, 0) >= slots)
                 or run.dag_active + sum(1 for p in picked if p.run is run) >= dag_cap
@@ -493,7 +492,7 @@ class Simulation:
         run = ti.run
         if run.start is None:
             run.start = self.now
-        if ti.task not in ("plan", "finalize"):
+        if ti.task not in (PLAN_TASK, FINALIZE_TASK):
             self.out.processes += 1
         costs = self.costs
         factor = costs.static_start_factor if run.static else 1.0
@@ -504,9 +503,9 @@ class Simulation:
         if ti.token != token:
             return
         ti.began = self.now
-        if ti.task == "plan":
+        if ti.task == PLAN_TASK:
             self.at(self.now + self.costs.plan_task, self._task_end, ti, ti.token)
-        elif ti.task == "finalize":
+        elif ti.task == FINALIZE_TASK:
             self.at(self.now + self.costs.finalize_task, self._task_end, ti, ti.token)
         elif ti.run.static or not ti.run.plan.parents[ti.node]:
             self._tool(ti)
@@ -709,10 +708,10 @@ class Simulation:
         if ti.token != token:
             return
         run = ti.run
-        if ti.task == "plan":
+        if ti.task == PLAN_TASK:
             self._end(ti, "success")
             run.planned = True
-        elif ti.task == "finalize":
+        elif ti.task == FINALIZE_TASK:
             self._end(ti, "success")
             run.end = self.now
             self.open_runs -= 1
