@@ -58,7 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from airflow_plan_provider.operators.run_report import labelled_node, session_outcome
+from airflow_plan_provider.contract import RESULT_KEY, labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from harness.processes import family, pid_alive, signal_all, terminate_group
 from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked
@@ -952,9 +952,7 @@ class AirflowCluster:
             if not batch or len(out) >= page.get("total_entries", 0):
                 return sorted(out, key=lambda ti: (ti["task_id"], ti["map_index"]))
 
-    def xcom(
-        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1
-    ) -> Any:
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = RESULT_KEY, map_index: int = -1) -> Any:
         """The XCom value as the task pushed it (JSON-decoded)."""
         res = self.api(
             "GET",
@@ -968,7 +966,7 @@ class AirflowCluster:
         """The outcome of the plan session ``run_id`` started (or continues), as that run reports it.
 
         ``finalize``'s result, or the rest of the chain's from the run's ``replan`` task when it
-        replanned (:func:`~airflow_plan_provider.operators.run_report.session_outcome`); None while
+        replanned (:func:`~airflow_plan_provider.contract.session_outcome`); None while
         not known yet.
 
         :param group: the task group of a plan built with ``plan_task_group`` (its tasks are

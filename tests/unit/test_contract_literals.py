@@ -18,7 +18,7 @@ from pathlib import Path
 from airflow_plan_provider import contract
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("airflow_plan_provider", "tests", "bench", "scripts", "dags")
+FOLDERS = ("airflow_plan_provider", "harness", "tests", "bench", "scripts", "dags")
 #: Files whose literals are what they check: the contract's own values, and this finder's examples.
 ALLOWED = {
     "airflow_plan_provider/contract.py",
