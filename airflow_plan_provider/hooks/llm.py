@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 from airflow.sdk import BaseHook
-from airflow.sdk.log import mask_secret
+
+from airflow_plan_provider.compat import mask_secret
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.connection import Connection

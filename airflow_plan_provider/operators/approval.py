@@ -133,7 +133,7 @@ class PlanApprovalOperator(ApprovalOperator):
                 "no node needs approval"
                 + (f" (risky nodes {earlier} were approved earlier in the session)" if earlier else "")
             )
-        from airflow.sdk._shared.secrets_masker import redact
+        from airflow_plan_provider.compat import redact
 
         self.subject, self.body = request_text(
             plan,

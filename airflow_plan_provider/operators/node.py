@@ -305,7 +305,7 @@ class PlanNodeOperator(BaseOperator):
 
     def _log_params(self, node_id: str, params: Any) -> None:
         """Log the resolved params (secrets masked) and keep them as the templated ``resolved_params``."""
-        from airflow.sdk._shared.secrets_masker import redact
+        from airflow_plan_provider.compat import redact
 
         shown = redact(params)
         self.resolved_params = shown

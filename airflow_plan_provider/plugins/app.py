@@ -15,13 +15,13 @@ from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
 
-from airflow._shared.secrets_masker import redact
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import HTMLResponse
 
+from airflow_plan_provider.compat import redact
 from airflow_plan_provider.plugins.data import plan_view
 from airflow_plan_provider.plugins.store import load_chain
 

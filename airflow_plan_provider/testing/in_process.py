@@ -22,7 +22,7 @@ built inside the test: the runner writes it to the metadata database first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -250,28 +250,29 @@ def _next_run_id(run_id: str | None) -> Iterator[None]:
 def _next_revision_first(start: Any, problems: list[Exception]) -> Iterator[None]:
     """While active, every ``replan`` task ``dag.test()`` runs is preceded by ``start(ti)``.
 
-    ``dag.test()`` runs each task instance through ``airflow.sdk.definitions.dag._run_task``; that is
-    the one place to run something before a task. ``dag.test()`` logs and swallows a task's exception:
-    a failure of ``start`` is kept in ``problems`` (raised when ``dag.test()`` returns) and fails the
-    replan task instead of letting it wait for a run that was never started.
+    ``dag.test()`` logs and swallows a task's exception: a failure of ``start`` is kept in ``problems``
+    (raised when ``dag.test()`` returns) and fails the replan task instead of letting it wait for a run
+    that was never started.
     """
-    from airflow.sdk.definitions import dag as dag_module
     from airflow.utils.state import TaskInstanceState
 
-    run_task = dag_module._run_task
+    from airflow_plan_provider.compat import wrap_in_process_task_runner
 
-    def run_task_after_its_revision(*, ti: Any, task: Any, **kwargs: Any) -> Any:
-        if task.task_id == REPLAN_TASK and not problems:
-            try:
-                start(ti)
-            except Exception as error:
-                problems.append(error)
-        if task.task_id == REPLAN_TASK and problems:
-            ti.set_state(TaskInstanceState.FAILED)
-            return None
-        return run_task(ti=ti, task=task, **kwargs)
+    def after_its_revision(run_task: Callable[..., Any]) -> Callable[..., Any]:
+        def run_task_after_its_revision(*, ti: Any, task: Any, **kwargs: Any) -> Any:
+            if task.task_id == REPLAN_TASK and not problems:
+                try:
+                    start(ti)
+                except Exception as error:
+                    problems.append(error)
+            if task.task_id == REPLAN_TASK and problems:
+                ti.set_state(TaskInstanceState.FAILED)
+                return None
+            return run_task(ti=ti, task=task, **kwargs)
 
-    with patch.object(dag_module, "_run_task", run_task_after_its_revision):
+        return run_task_after_its_revision
+
+    with wrap_in_process_task_runner(after_its_revision):
         yield
 
 

@@ -235,9 +235,10 @@ def replan_again(dag: Any, dag_run: Any) -> Any:
     """Run the ``replan`` task of ``dag_run`` once more (its next try), as the scheduler would after
     its worker was lost; returns the task instance."""
     from airflow.models.taskinstance import TaskInstance
-    from airflow.sdk.definitions.dag import _run_task
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
+
+    from airflow_plan_provider.compat import run_task_in_process
 
     with create_session() as session:
         ti = (
@@ -250,7 +251,7 @@ def replan_again(dag: Any, dag_run: Any) -> Any:
         session.commit()
         session.refresh(ti)
         session.expunge(ti)
-    _run_task(ti=ti, task=dag.task_dict[REPLAN_TASK], run_triggerer=True)
+    run_task_in_process(ti=ti, task=dag.task_dict[REPLAN_TASK], run_triggerer=True)
     with create_session() as session:
         return session.query(TaskInstance).filter_by(id=ti.id).one()
 

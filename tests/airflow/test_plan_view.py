@@ -199,7 +199,7 @@ def two_revisions() -> dict[str, RunData]:
 
 
 def test_a_revision_shows_removed_added_and_why():
-    from airflow._shared.secrets_masker import redact
+    from airflow_plan_provider.compat import redact
 
     runs = two_revisions()
     view = plan_view("d", "r__replan_1", session_chain("r__replan_1", runs), redact=redact)
