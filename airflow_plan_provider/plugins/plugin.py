@@ -1,5 +1,7 @@
 """The Airflow plugin of the plan view: a "Plan" tab on every DAG run's page, served by the API server.
 
+The plugin also gives the run type of a replan run a label in the UI (:mod:`.run_type_label`).
+
 The tab is an external view (``destination: "dag_run"``): the UI shows the plan view of the run in a
 frame, with ``{DAG_ID}`` and ``{RUN_ID}`` filled in. The FastAPI app behind it is built only when the API
 server asks for it, so the other components that load plugins (scheduler, workers) do not import it.
@@ -39,6 +41,12 @@ class PlanViewPlugin(AirflowPlugin):
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return _fastapi_apps()
+
+    @property
+    def fastapi_root_middlewares(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        from airflow_plan_provider.plugins.run_type_label import RunTypeLabels
+
+        return [{"middleware": RunTypeLabels, "name": "Run type labels"}]
 
     @property
     def external_views(self) -> list[dict[str, Any]]:  # type: ignore[override]
