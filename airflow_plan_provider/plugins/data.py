@@ -53,6 +53,11 @@ XCOM_KEYS: tuple[tuple[str, str], ...] = (
 MAX_CHAIN = 50  # replan runs looked for after a root, whatever its budget says
 PARAM_CHARS = 2000  # a resolved param longer than this (as JSON) is shown summarized
 FINISHED_RUN_STATES = frozenset({"success", "failed"})
+#: A mapped task in one of these states before it expanded has no instance for any node: none of them runs.
+UNEXPANDED_END_STATES = frozenset({"skipped", "upstream_failed", "removed"})
+#: The state shown for a node whose task instance never ran: the run is over (or its node task ended
+#: before it expanded, e.g. skipped after a rejected approval) and the node has no state of its own.
+NOT_RUN = "not_run"
 
 Redact = Callable[[Any], Any]
 
@@ -281,7 +286,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                 _node_view(
                     node.model_dump(mode="json", exclude_none=True),
                     layer_index,
-                    run.ti(task_id, map_index),
+                    _node_ti(run, task_id, map_index),
                     records.get(node_id),
                     _resolved_params(plan, node_id, records.get(node_id), outputs),
                     marks.get(node_id),
@@ -308,6 +313,17 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                     )
                 )
     return view
+
+
+def _node_ti(run: RunData, task_id: str, map_index: int) -> dict[str, Any] | None:
+    """The node's task instance; its state is :data:`NOT_RUN` when it has none and never will."""
+    ti = run.ti(task_id, map_index)
+    if ti is not None and ti.get("state"):
+        return ti
+    unexpanded = (run.ti(task_id) or {}).get("state")
+    if run.state in FINISHED_RUN_STATES or unexpanded in UNEXPANDED_END_STATES:
+        return {**(ti or {}), "state": NOT_RUN}
+    return ti
 
 
 def _diff_marks(diff: Any) -> dict[str, str]:

@@ -334,3 +334,16 @@ def test_the_plugin_is_registered_for_the_api_server():
         "/dags/{dag_id}/runs/{run_id}",
         "/data/dags/{dag_id}/runs/{run_id}",
     }
+
+
+def test_nodes_that_never_ran_are_shown_not_run_not_pending():
+    root = two_revisions()["r"]
+    root.state = "running"
+    assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {None}  # still to come
+    root.tis[("nodes", -1)] = {"state": "skipped"}  # skipped before it expanded: a rejected approval
+    assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {"not_run"}
+    del root.tis[("nodes", -1)]
+    root.state = "failed"  # the run is over: a node without a state of its own never ran
+    root.tis[("nodes", 0)] = {"state": "success", "try_number": 1}
+    nodes = by_id(plan_view("d", "r", [root])["runs"][0])
+    assert (nodes["a"]["state"], nodes["b"]["state"]) == ("success", "not_run")
