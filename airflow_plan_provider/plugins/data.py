@@ -259,6 +259,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         "diff": diff,
         "planner_calls": _planner_calls(session, revision),
         "planner_attempts": _planner_attempts(session, revision),
+        "plan_source": _plan_source(session, revision),
         "result": _result_summary(finalize) if isinstance(finalize, dict) else None,
         "replanned": bool(run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)),
         "layers": plan.layers if plan else [],
@@ -360,6 +361,20 @@ def _planner_attempts(session: Mapping[str, Any], revision: int) -> int | None:
         if is_planning and event.get("revision") == revision:
             attempts = (event.get("data") or {}).get("attempts")
             return attempts if isinstance(attempts, int) else None
+    return None
+
+
+def _plan_source(session: Mapping[str, Any], revision: int) -> str | None:
+    """Where this revision's plan came from: ``planner`` (asked for it; a replan always asks), ``conf`` (a
+    ready plan in the run's conf) or ``dag`` (the DAG's own, frozen plan); None before it is planned."""
+    for event in session.get("events") or []:
+        if not isinstance(event, dict) or event.get("revision") != revision:
+            continue
+        if event.get("type") == "plan.diff":
+            return "planner"
+        if event.get("type") == "plan.created":
+            source = (event.get("data") or {}).get("source")
+            return source if source in ("planner", "conf", "dag") else "planner"
     return None
 
 

@@ -347,3 +347,22 @@ def test_nodes_that_never_ran_are_shown_not_run_not_pending():
     root.tis[("nodes", 0)] = {"state": "success", "try_number": 1}
     nodes = by_id(plan_view("d", "r", [root])["runs"][0])
     assert (nodes["a"]["state"], nodes["b"]["state"]) == ("success", "not_run")
+
+
+def test_the_planner_is_named_only_for_a_plan_a_planner_was_asked_for():
+    runs = two_revisions()
+    first, second = plan_view("d", "r__replan_1", session_chain("r__replan_1", runs))["runs"]
+    assert (first["plan_source"], second["plan_source"]) == ("planner", "planner")  # a replan asks too
+    for source in ("conf", "dag"):
+        root = two_revisions()["r"]
+        session = root.xcoms[("plan", -1, "session")]
+        session["events"] = [
+            make_event("plan.created", EventSource("d", "r", "r", 0), attempts=1, source=source).model_dump(
+                mode="json"
+            )
+        ]
+        [view] = plan_view("d", "r", [root])["runs"]
+        assert (view["plan_source"], view["planner_calls"]) == (source, [])
+    root = two_revisions()["r"]
+    root.xcoms[("plan", -1, "session")]["events"] = []  # not planned yet
+    assert plan_view("d", "r", [root])["runs"][0]["plan_source"] is None
