@@ -55,8 +55,10 @@ class NodeRun:
     """What one node instance knows while it runs: the node, the run's context, its record's fields
     so far (``start``) and its events.
 
-    ``started`` (epoch seconds) is set when the tool is called; the outcome's ``duration_s`` counts from
-    it (across a deferral too: a job's polling time is part of the node's duration).
+    ``started`` (epoch seconds) is set when the tool is called. The node's duration is the tool call's:
+    from ``started`` to ``ended``, which the first :meth:`duration` after the call sets (across a
+    deferral too: a job's polling time is part of the node's duration). The log line of the outcome, its
+    event and the record all carry that one figure.
     """
 
     ti: Any
@@ -68,6 +70,7 @@ class NodeRun:
     missing: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     started: float | None = None
+    ended: float | None = None
 
     @property
     def source(self) -> EventSource:
@@ -85,7 +88,13 @@ class NodeRun:
         return event
 
     def duration(self) -> float | None:
-        return None if self.started is None else round(time.time() - self.started, 3)
+        """Seconds from the tool call to the end of the call (fixed when first read after it), or None
+        before the tool is called."""
+        if self.started is None:
+            return None
+        if self.ended is None:
+            self.ended = time.time()
+        return round(self.ended - self.started, 3)
 
     def push(self, status: NodeStatus, **fields: Any) -> None:
         """Push the node's record (its outcome) and record the outcome's event."""

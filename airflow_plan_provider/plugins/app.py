@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse
 
 from airflow_plan_provider.compat import redact
 from airflow_plan_provider.plugins.data import plan_view
+from airflow_plan_provider.plugins.plugin import URL_ROUTE
 from airflow_plan_provider.plugins.store import load_chain
 
 URL_PREFIX = "/plan-view"
@@ -68,7 +69,9 @@ def create_app() -> FastAPI:
         if chain is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} has no run {run_id!r}")
         view_base, ui_base = _bases(request)
-        return plan_view(dag_id, run_id, chain, redact=redact, ui_base=ui_base, view_base=view_base)
+        return plan_view(
+            dag_id, run_id, chain, redact=redact, ui_base=ui_base, view_base=view_base, tab_route=URL_ROUTE
+        )
 
     return app
 

@@ -163,11 +163,14 @@ def plan_view(
     redact: Redact = lambda value: value,
     ui_base: str = "",
     view_base: str = "",
+    tab_route: str | None = None,
 ) -> dict[str, Any]:
     """The plan view's document for run ``opened`` of ``dag_id``, from the session's runs (root first).
 
     ``redact`` hides secrets in params (Airflow's secrets masker in the API server); ``ui_base`` and
-    ``view_base`` prefix the links to a run's page in the Airflow UI and to its plan view.
+    ``view_base`` prefix the links to a run's page in the Airflow UI and to its plan view; with
+    ``tab_route`` (the Plan tab's route under a run's page), each run also links to its page with the
+    Plan tab open (``tab_url``): the page inside the tab leads there, the whole window following.
     """
     runs: list[dict[str, Any]] = []
     previous_plan: ValidatedPlan | None = None
@@ -179,6 +182,7 @@ def plan_view(
         view["view_url"] = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}" + (
             f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else ""
         )
+        view["tab_url"] = f"{view['ui_url']}/plugin/{tab_route}" if tab_route else None
         runs.append(view)
         previous_plan = _plan_of(run) or previous_plan
     first_session = chain[0].session or {}
@@ -421,6 +425,14 @@ def _seconds_between(start: Any, end: Any) -> float | None:
         return None
 
 
+def _waited(record: Mapping[str, Any]) -> float | None:
+    """Seconds the node's task spent before calling the tool: from its start to its ``node.started``."""
+    for event in record.get("events") or []:
+        if isinstance(event, dict) and event.get("type") == "node.started":
+            return _seconds_between(record.get("started_at"), event.get("at"))
+    return None
+
+
 def _node_view(
     node: dict[str, Any],
     layer: int,
@@ -454,11 +466,14 @@ def _node_view(
         "polling": record.get("polling"),
         "attempts": record.get("attempts", ti.get("try_number")),
         "try_number": ti.get("try_number"),
-        "duration": ti.get("duration"),
-        # the task's times, as the duration; the tool call's own time within it
+        # the node's duration is its tool call's, as the node logged it and its outcome event says
+        "duration_s": record.get("duration_s"),
+        # apart: how long the node's task waited before the call (for its parents, or a slot), and the
+        # task's own duration in Airflow (start to end, with the waiting)
+        "waited_s": _waited(record),
+        "task_seconds": ti.get("duration"),
         "started_at": ti.get("start_date") or record.get("started_at"),
         "ended_at": ti.get("end_date") or record.get("ended_at"),
-        "call_seconds": _seconds_between(record.get("started_at"), record.get("ended_at")),
         "hostname": record.get("hostname") or ti.get("hostname") or None,
         "diff": mark,
     }

@@ -96,7 +96,13 @@ def test_seed_session_from_the_database(seed_session):
     }
     assert nodes["3"]["replan_requested"] and "no deploys" in nodes["3"]["error"]
     assert nodes["1"]["output_summary"] == '{"p99": 870}' and nodes["1"]["attempts"] == 1
-    assert nodes["1"]["hostname"] and nodes["1"]["duration"] is not None
+    assert nodes["1"]["hostname"] and nodes["1"]["task_seconds"] is not None
+    # one duration per node, the tool call's: the record's, its outcome event's and the view's
+    record = chain[0].records["1"]
+    [succeeded] = [e for e in record["events"] if e["type"] == "node.succeeded"]
+    assert nodes["1"]["duration_s"] == record["duration_s"] == succeeded["data"]["duration_s"] is not None
+    assert 0 <= nodes["1"]["waited_s"] <= nodes["1"]["task_seconds"]
+    assert nodes["1"]["duration_s"] <= nodes["1"]["task_seconds"]
     assert {(e["from"], e["to"], e["optional"]) for e in first["edges"]} >= {
         ("4", "5", True),
         ("1", "5", False),
@@ -290,6 +296,9 @@ def test_routes_answer_a_signed_in_user(api, seed_session):
     assert data.status_code == 200, data.text
     assert [run["run_id"] for run in data.json()["runs"]] == [root.run_id, child.run_id]
     assert data.json()["runs"][0]["view_url"].startswith(f"/plan-view/dags/{SEED_DAG}/runs/")
+    # the Plan tab's links lead to the run's own page in the UI, with the tab open
+    tab_url = data.json()["runs"][1]["tab_url"]
+    assert tab_url.startswith(f"/dags/{SEED_DAG}/runs/") and tab_url.endswith("__replan_1/plugin/plan")
 
     page = client.get(f"/plan-view/dags/{SEED_DAG}/runs/{child.run_id}", headers=headers)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
