@@ -332,7 +332,8 @@ def build_plan_dag(
     :param goal: the trigger form's default goal.
     :param plan: a ready plan baked into the DAG (as ``airflow-plan freeze`` writes): each run runs it
         without calling a planner and never replans it, its strings rendered as Jinja templates with
-        the run's context (say ``"{{ ds }}"``), unless the run's conf gives a plan of its own.
+        the run's context (say ``"{{ ds }}"``). The trigger form then has no "Ready plan" field, and a
+        run whose conf gives a plan is refused (its planning fails): the DAG runs only its own plan.
     :param limits: plan size limits (default ``Limits()``), the same ``airflow-plan validate`` applies:
         ``max_nodes`` (at most Airflow's ``[core] max_map_length``), no depth limit.
     :param budgets: the trigger form's default budgets (default ``Budgets()``); a run's conf may set its
@@ -377,7 +378,10 @@ def build_plan_dag(
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
-    all_params: dict[str, Any] = {**plan_params(goal, tasks.budgets), **(params or {})}
+    form = plan_params(goal, tasks.budgets)
+    if plan is not None:  # a frozen plan DAG runs its own plan only
+        del form["plan"]
+    all_params: dict[str, Any] = {**form, **(params or {})}
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         tasks.build(goal=None, replan_dag_id=dag_id if replan else None)
     return dag

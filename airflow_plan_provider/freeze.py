@@ -21,7 +21,7 @@ import shlex
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import date
 from typing import Any
@@ -57,6 +57,7 @@ class FrozenSource:
     revision: int | None = None
     replans: int | None = None
     final_run: str | None = None  # the run that executed the final revision, when not the session's first
+    dropped: tuple[dict[str, Any], ...] = ()  # nodes left out of ``plan`` (see drop_answered)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,32 @@ def secret_params(plan: Mapping[str, Any]) -> list[str]:
     for node in plan.get("nodes", []):
         walk(node.get("params") or {}, [], str(node.get("id")))
     return found
+
+
+def drop_answered(plan: Mapping[str, Any], requested: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """The plan without the nodes whose replan request the session already answered, and their ids.
+
+    The rule: a node that requested a replan in the source session (``requested``) is dropped when no
+    node of the final plan depends on it. The revision that answered its request stopped reading its
+    output, so in a frozen plan (never replanned) each scheduled run would call it only to report a
+    request nobody can answer. A node that other nodes still depend on is kept: its output is used.
+    """
+    result: dict[str, Any] = json.loads(json.dumps(plan))
+    wanted, has_children = set(requested), {str(edge["from"]) for edge in result.get("edges", [])}
+    dropped = [
+        str(node["id"])
+        for node in result.get("nodes", [])
+        if str(node["id"]) in wanted and str(node["id"]) not in has_children
+    ]
+    result["nodes"] = [node for node in result.get("nodes", []) if str(node["id"]) not in dropped]
+    result["edges"] = [edge for edge in result.get("edges", []) if str(edge["to"]) not in dropped]
+    return result, dropped
+
+
+def replan_requests(result: Mapping[str, Any]) -> list[str]:
+    """The nodes whose record in a session result's history requested a replan."""
+    history = result.get("history") or []
+    return [str(r.get("node_id")) for r in history if isinstance(r, Mapping) and r.get("replan_requested")]
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -237,8 +264,10 @@ class SessionApi:
             ) from None
         revision = last_state.get("revision") if isinstance(last_state, Mapping) else None
         replans = (result.get("usage") or {}).get("replans")
+        kept, dropped = drop_answered(frozen, replan_requests(result))
         return FrozenSource(
-            plan=frozen,
+            plan=kept,
+            dropped=tuple(n for n in frozen["nodes"] if str(n["id"]) in dropped),
             origin=f"DAG {dag_id}, session run {root}",
             revision=revision,
             replans=replans,
@@ -342,13 +371,23 @@ def render_dag_file(
         *([f"        (its final revision ran as {_doc(source.final_run)})"] if source.final_run else []),
         f"Schedule: {_doc(schedule)}",
         "",
-        "Nodes (each run validates and executes exactly these, strings rendered as Jinja per run):",
+        "Nodes (each run validates and executes exactly these, strings rendered as Jinja per run; a",
+        "run's conf cannot replace them: a conf that gives a plan is refused):",
         "",
     ]
-    for node in plan.get("nodes", []):
-        doc.append(
-            f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
-        )
+
+    def line(node: Mapping[str, Any]) -> str:
+        return f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
+
+    doc += [line(node) for node in plan.get("nodes", [])]
+    if source.dropped:
+        doc += [
+            "",
+            "Left out of the source's final plan: the nodes that requested a replan in the source session",
+            "and that no node of the final plan depends on (a frozen plan is never replanned):",
+            "",
+            *(line(node) for node in source.dropped),
+        ]
     options = [("--tools", tools), ("--dag-id", dag_id), ("--schedule", schedule)]
     options += [("--start-date", start_date.isoformat()), *(("--param", str(t)) for t in templates)]
     options += [("--approval", approval)] if approval else []

@@ -6,14 +6,19 @@ Source: DAG plan_and_execute, session run manual__2026-11-29T17:19:05.784011+00:
         (its final revision ran as manual__2026-11-29T17:19:05.784011+00:00__replan_1)
 Schedule: @daily
 
-Nodes (each run validates and executes exactly these, strings rendered as Jinja per run):
+Nodes (each run validates and executes exactly these, strings rendered as Jinja per run; a
+run's conf cannot replace them: a conf that gives a plan is refused):
 
 - 1 · query latency metrics of payment-api for yesterday (query_metrics)
 - 2 · query dependency health of payment-api for yesterday (query_service_health)
-- 3 · query deploy records of payment-api for yesterday (query_deploys)
 - 4 · query error logs of payment-api for yesterday (query_error_logs)
 - 5 · correlate latency with dependency health (analyze_correlation)
 - 6 · write the report (write_report)
+
+Left out of the source's final plan: the nodes that requested a replan in the source session
+and that no node of the final plan depends on (a frozen plan is never replanned):
+
+- 3 · query deploy records of payment-api for yesterday (query_deploys)
 
 Written by ``airflow-plan freeze`` (see the README) with the options:
 
@@ -49,13 +54,6 @@ PLAN = {
             "tool": "query_service_health",
             "params": {"service": "payment-api", "day": "{{ macros.ds_add(ds, -1) }}"},
             "expected_outcome": "hourly p99 and error rate of each downstream dependency",
-        },
-        {
-            "id": "3",
-            "action": "query deploy records of payment-api for yesterday",
-            "tool": "query_deploys",
-            "params": {"service": "payment-api", "day": "{{ macros.ds_add(ds, -1) }}"},
-            "expected_outcome": "the deploys of that day",
         },
         {
             "id": "4",

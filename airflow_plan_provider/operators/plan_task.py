@@ -63,6 +63,10 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
+FROZEN_PLAN_REFUSAL = (
+    "this DAG runs its own frozen plan: a run's conf may not give another one (trigger it without "
+    "'plan', or trigger a plan DAG without a frozen plan)"
+)
 #: Task state store key of the planner reply a try of the planning task validated (reused by retries).
 ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 
@@ -95,10 +99,11 @@ class PlanOperator(BaseOperator):
     :param goal: the session's goal, rendered as a Jinja template with the run's context (the task group
         form); the run's conf is then not read at all (it belongs to the DAG the group is in).
         ``None``: the conf (or the DAG's Params) gives the goal, a ready plan and budgets.
-    :param ready_plan: a plan baked into the DAG (a frozen plan): run as is when the conf gives no plan,
-        after rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``). Only
+    :param ready_plan: a plan baked into the DAG (a frozen plan): every run runs it as is, after
+        rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``). Only
         this plan, written by the DAG's author, is rendered: a plan from the conf or a planner is
-        untrusted text and never is.
+        untrusted text and never is. A conf that gives a plan of its own is refused (planning fails
+        with reason ``invalid_plan``): the DAG's reviewed plan is the only one it runs.
     """
 
     template_fields = ("goal",)
@@ -155,7 +160,9 @@ class PlanOperator(BaseOperator):
         planner_conf["goal"] = state.goal
         tools = load_tools(self.tools)
         dag_plan = None
-        if self.ready_plan is not None and not params.get("plan") and state.current_plan is None:
+        if self.ready_plan is not None and params.get("plan"):
+            self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
+        if self.ready_plan is not None and state.current_plan is None:
             try:
                 dag_plan = self.render_template(self.ready_plan, context)
             except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan

@@ -58,8 +58,11 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
         return Conclusion(
             kind="done",
             reason="goal_met",
-            message="the plan ran to its end; no replan can answer these requests, and no node depends "
-            "on them: " + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot),
+            message="the plan ran to its end (no node depends on "
+            + ", ".join(moot)
+            + "); "
+            + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot)
+            + f"; no replan runs: {_no_replan_remedy(state)}",
             replan_requested=moot,
         )
     if not failed and not moot:
@@ -104,6 +107,18 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
         failed=failed,
         replan_requested=moot,
     )
+
+
+def _no_replan_remedy(state: SessionState) -> str:
+    """Why no replan answers a request in this session, and what a reader can do about it."""
+    if state.plan_source == "dag":
+        return (
+            "this DAG's plan is frozen (never replanned); to stop these requests, drop or change these "
+            "nodes in its PLAN, or freeze a newer session"
+        )
+    if state.plan_source == "conf":
+        return "a ready plan from the run's conf is never replanned; give a plan without these nodes"
+    return "max_replans is 0; trigger with max_replans of 1 or more to let the planner answer"
 
 
 def contained_failures(

@@ -25,8 +25,10 @@ from airflow_plan_provider.freeze import (
     FrozenSource,
     ParamTemplate,
     apply_templates,
+    drop_answered,
     literal,
     render_dag_file,
+    replan_requests,
     secret_params,
     source_from_plan,
 )
@@ -157,6 +159,31 @@ def test_plan_text_cannot_escape_the_docstring_or_the_literal() -> None:
     assert f"Goal: {shown}" in doc.splitlines() and f"- 1 · {shown} (query_metrics)" in doc.splitlines()
 
 
+def test_a_node_that_requested_a_replan_is_dropped_only_when_no_node_depends_on_it() -> None:
+    plan = demo_plan()
+    plan["nodes"].append({"id": "3", "action": "deploys", "tool": "query_deploys", "params": {}})
+    plan["edges"].append({"from": "3", "to": "2", "optional": True})
+    result = {
+        "history": [{"node_id": "1", "replan_requested": True}, {"node_id": "3", "replan_requested": True}]
+    }
+    assert replan_requests(result) == ["1", "3"]
+    # node 1 and node 3 feed node 2: both kept
+    assert drop_answered(plan, ["1", "3"]) == (plan, [])
+    plan["edges"].pop()  # the revision stopped reading node 3
+    kept, dropped = drop_answered(plan, ["1", "3"])
+    assert (
+        dropped == ["3"] and [n["id"] for n in kept["nodes"]] == ["1", "2"] and kept["edges"] == plan["edges"]
+    )
+    source = FrozenSource(plan=kept, origin="DAG d, session run r", dropped=(plan["nodes"][2],))
+    text = render_dag_file(
+        source, dag_id="daily", tools=TOOLS, schedule="@daily", start_date=date(2024, 1, 1)
+    )
+    doc, frozen, _ = module_parts(text)
+    assert [n["id"] for n in frozen["nodes"]] == ["1", "2"]
+    assert "Left out of the source's final plan" in doc and "- 3 · deploys (query_deploys)" in doc
+    assert "a conf that gives a plan is refused" in doc
+
+
 def test_bad_dag_id_or_approval_mode_is_refused() -> None:
     with pytest.raises(FreezeError, match="not a valid DAG id"):
         render(demo_plan(), dag_id="daily report")
@@ -234,9 +261,11 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     final_plan = xcom(source_runs[-1], PLAN_TASK, key=PLAN_KEY)
     frozen = load_dag_file(DAILY, "daily_payment_report_under_test")
     # the committed file is the seed session's final plan, with the day as a template
-    expected = apply_templates(
-        {k: final_plan[k] for k in ("goal", "nodes", "edges")}, [ParamTemplate.parse(f"day={DAY}")]
-    )
+    # without node 3: it requested the source's replan and no node of the final plan depends on it
+    assert replan_requests(source) == ["3"]
+    kept, dropped = drop_answered({k: final_plan[k] for k in ("goal", "nodes", "edges")}, ["3"])
+    assert dropped == ["3"]
+    expected = apply_templates(kept, [ParamTemplate.parse(f"day={DAY}")])
     for edge in expected["edges"]:
         if edge.get("optional") is False:
             del edge["optional"]
@@ -251,8 +280,10 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert str(run.state) == "success"
     result = xcom(run, FINALIZE_TASK)
     assert result["status"] == "completed" and result["usage"]["replans"] == 0
-    assert "node 3 requested a replan" in result["message"]  # no deploy that day; nothing depends on it
-    assert {n: result["outputs"][n] for n in "12345"} == {n: source["outputs"][n] for n in "12345"}
+    # nothing in the report a reader cannot act on: no request a frozen plan cannot answer
+    assert "replan" not in result["message"] and result["replan"] is None
+    assert {n: result["outputs"][n] for n in "1245"} == {n: source["outputs"][n] for n in "1245"}
+    assert "3" not in result["outputs"]
     mine, theirs = result["outputs"]["6"], source["outputs"]["6"]
     assert (mine["title"], mine["summary"]) == (theirs["title"], theirs["summary"])
     yesterday = (today - timedelta(days=1)).date().isoformat()
@@ -286,8 +317,16 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     dag = build_plan_dag("frozen_echo", planner=None, plan=plan_with("day {{ ds }}"), tools=tools)
     run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, FINALIZE_TASK)["outputs"]["1"] == {"text": "day 2024-03-05"}
-    # a plan given in the conf is user input: never rendered
-    conf_run = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
+    # the DAG runs its own plan only: the form has no "Ready plan" field, and a conf plan is refused
+    assert "plan" not in dag.params and "goal" in dag.params
+    refused = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
+    assert task_states(refused)[PLAN_TASK] == "failed" and log.count("echo") == 1
+    result = xcom(refused, FINALIZE_TASK)
+    assert result["reason"] == "invalid_plan" and "runs its own frozen plan" in result["message"]
+    # a plan given in the conf (of a DAG without a frozen plan) is user input: never rendered
+    conf_dag = build_plan_dag("conf_echo", planner=None, tools=tools)
+    assert "plan" in conf_dag.params
+    conf_run = run_plan_dag(conf_dag, {"plan": plan_with("{{ ds }}")})
     assert xcom(conf_run, FINALIZE_TASK)["outputs"]["1"] == {"text": "{{ ds }}"}
 
     broken = build_plan_dag("frozen_broken", planner=None, plan=plan_with("{{ no_such_name }}"), tools=tools)

@@ -103,10 +103,16 @@ def test_a_ready_or_frozen_plan_is_never_replanned(source: str, words: str) -> N
 
 
 def test_a_request_nothing_depends_on_ends_the_run_done_when_no_replan_can_answer() -> None:
-    for state in (session(plan_source="dag"), session(budgets=Budgets(max_replans=0))):
+    remedies = {  # each report says what a reader can do about the request
+        "dag": "drop or change these nodes in its PLAN, or freeze a newer session",
+        "conf": "give a plan without these nodes",
+        "planner": "trigger with max_replans of 1 or more",
+    }
+    for source, remedy in remedies.items():
+        state = session(plan_source=source, budgets=Budgets(max_replans=0))
         ending = conclude(PLAN, D_MOOT, state)
         assert (ending.kind, ending.reason, ending.replan_requested) == ("done", "goal_met", ["d"])
-        assert "no replan can answer" in ending.message
+        assert "node d requested a replan" in ending.message and remedy in ending.message
 
 
 def test_replanning_switched_off_gives_up() -> None:
