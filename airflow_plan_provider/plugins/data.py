@@ -266,12 +266,14 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         "plan_source": _plan_source(session, revision),
         "result": _result_summary(finalize) if isinstance(finalize, dict) else None,
         "replanned": bool(run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)),
+        "changes": [],
         "layers": plan.layers if plan else [],
         "nodes": [],
         "edges": [],
     }
     if plan is None:
         return view
+    view["changes"] = _changes(previous, plan, (diff or {}).get("revised") or [], redact)
     records = run.records
     outputs = {
         node_id: record.get("output")
@@ -329,6 +331,34 @@ def _node_ti(run: RunData, task_id: str, map_index: int) -> dict[str, Any] | Non
     if run.state in FINISHED_RUN_STATES or unexpanded in UNEXPANDED_END_STATES:
         return {**(ti or {}), "state": NOT_RUN}
     return ti
+
+
+def _changes(
+    previous: ValidatedPlan | None, plan: ValidatedPlan, revised: Sequence[Any], redact: Redact
+) -> list[dict[str, Any]]:
+    """What changed in each revised node: ``{"id", "changed": {field: {"before", "after"}}}`` for the
+    fields that differ among action, tool and params (secrets in params redacted)."""
+    if previous is None:
+        return []
+    changes = []
+    for node_id in map(str, revised):
+        if node_id not in previous.node_ids or node_id not in plan.node_ids:
+            continue
+        before, after = previous.node(node_id), plan.node(node_id)
+        changed = {
+            name: {
+                "before": redact(old) if name == "params" else old,
+                "after": redact(new) if name == "params" else new,
+            }
+            for name, old, new in (
+                ("action", before.action, after.action),
+                ("tool", before.tool, after.tool),
+                ("params", before.params, after.params),
+            )
+            if old != new
+        }
+        changes.append({"id": node_id, "changed": changed})
+    return changes
 
 
 def _diff_marks(diff: Any) -> dict[str, str]:

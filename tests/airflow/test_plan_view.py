@@ -117,6 +117,12 @@ def test_seed_session_from_the_database(seed_session):
     assert [n for n in revised if revised[n]["reused"]] == ["1", "2", "3", "4"]
     assert revised["5"]["diff"] == "revised" and revised["6"]["diff"] is None
     assert revised["5"]["params"] == {"latency": "${1}", "health": "${2}"}
+    [change] = second["changes"]  # what the revision changed in node 5, before -> after
+    assert change["id"] == "5" and change["changed"]["params"]["after"] == {
+        "latency": "${1}",
+        "health": "${2}",
+    }
+    assert change["changed"]["params"]["before"] != change["changed"]["params"]["after"]
     assert revised["5"]["resolved_params"] == {"latency": {"p99": 870}, "health": {"fraud-check": "degraded"}}
     assert second["result"]["status"] == "completed"
 
@@ -375,3 +381,25 @@ def test_the_planner_is_named_only_for_a_plan_a_planner_was_asked_for():
     root = two_revisions()["r"]
     root.xcoms[("plan", -1, "session")]["events"] = []  # not planned yet
     assert plan_view("d", "r", [root])["runs"][0]["plan_source"] is None
+
+
+def test_a_revised_node_shows_what_changed_with_secrets_masked():
+    from airflow._shared.secrets_masker import redact
+
+    runs = two_revisions()
+    child = runs["r__replan_1"]
+    plan = child.xcoms[("plan", -1, "plan")]
+    changed = next(n for n in plan["nodes"] if n["id"] == "a")
+    changed["params"] = {"api_key": "sk-very-secret", "n": 2}
+    changed["tool"] = "better"
+    child.xcoms[("plan", -1, "session")]["revisions"][0]["diff"]["revised"] = ["a"]
+    second = plan_view("d", "r__replan_1", session_chain("r__replan_1", runs), redact=redact)["runs"][1]
+    assert second["changes"] == [
+        {
+            "id": "a",
+            "changed": {
+                "tool": {"before": "fetch", "after": "better"},
+                "params": {"before": {"api_key": "***", "n": 1}, "after": {"api_key": "***", "n": 2}},
+            },
+        }
+    ]
