@@ -10,9 +10,10 @@ Which nodes are asked about is decided by the pure core (:func:`~airflow_plan_pr
 nodes_to_approve`); when none is, the task records ``not_needed`` and skips itself, and the nodes run
 (their trigger rule lets a skipped approval through). The outcome is pushed as XCom ``approval``:
 finalize adds it to the session (``approval.granted`` / ``approval.rejected`` events, the
-SessionResult's ``approvals``). A rejection, or no answer before ``response_timeout`` (the request's
-default answer is "Reject"), skips the node tasks and the pool lanes' ``select_nodes__<pool>`` tasks,
-so no node runs, and finalize ends the session failed with reason ``rejected``.
+SessionResult's ``approvals``). A rejection, or no answer before ``response_timeout`` (the request has
+no default answer, so the form offers Approve and Reject alike; a timeout counts as a rejection),
+skips the node tasks and the pool lanes' ``select_nodes__<pool>`` tasks, so no node runs, and
+finalize ends the session failed with reason ``rejected``.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ class PlanApprovalOperator(ApprovalOperator):
         kwargs.setdefault("retries", 0)  # a retry would ask again for an answer already given
         super().__init__(
             subject="Approve the plan before its nodes run",
-            defaults=ApprovalOperator.REJECT,  # what a timeout answers
+            # no default option: Airflow's form draws a default as the one primary button, and Approve
+            # and Reject are equally easy; a timeout still rejects (execute_complete gets a timeout event)
+            defaults=None,
             assigned_users=assigned_users(approvers),
             response_timeout=response_timeout,
             **kwargs,

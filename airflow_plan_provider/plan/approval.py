@@ -153,7 +153,7 @@ def request_text(
         "Approve to run the plan; reject (or no answer before the timeout) ends the session as "
         "`rejected` and no node runs.",
         "",
-        "| node | action | tool | |",
+        "| node | action | tool | approval |",
         "|---|---|---|---|",
     ]
     for node in plan.nodes:
@@ -164,7 +164,7 @@ def request_text(
         elif node.tool in risky_tools:
             flag = "risky, approved earlier"
         else:
-            flag = ""
+            flag = "not needed"
         lines.append(f"| {_cell(node.id)} | {_cell(node.action)} | {_cell(node.tool)} | {flag} |")
     for node_id in asked:
         node = plan.node(node_id)

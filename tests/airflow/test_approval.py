@@ -134,7 +134,8 @@ def test_request_shows_the_plan_and_the_asked_nodes_params_without_secrets() -> 
     subject, body = request_text(plan, ["2"], risky_tools=RISKY, revision=1, run_id="r1", redact=redact)
     assert subject == "Approve 1 node(s) of revision 1 before they run"
     assert "| 2 | step 2 | purge | **approval needed** (risky) |" in body
-    assert "| 1 | step 1 | read |  |" in body
+    assert "| node | action | tool | approval |" in body  # every column named
+    assert "| 1 | step 1 | read | not needed |" in body
     assert "sk-live-1" not in body and "sk-reg-2" not in body
     shown = json.loads(body.split("```json\n", 1)[1].split("\n```", 1)[0])
     assert shown == {"table": "t", "auth": {"api_key": "***", "user": "ops"}, "note": "***"}
@@ -240,7 +241,7 @@ def test_the_approve_task_sits_between_plan_and_the_first_nodes_only_when_it_can
     assert approve.upstream_task_ids == {PLAN_TASK}
     assert approve.downstream_task_ids == {NODES_TASK}
     assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
-    assert approve.response_timeout == timedelta(minutes=3) and approve.defaults == ["Reject"]
+    assert approve.response_timeout == timedelta(minutes=3) and approve.defaults is None  # two equal buttons
     # a skipped approval (none needed) lets the nodes run; a failed plan or approval does not
     assert dag.get_task(NODES_TASK).upstream_task_ids == {PLAN_TASK, APPROVE_TASK}
     assert dag.get_task(NODES_TASK).trigger_rule == "none_failed_min_one_success"
