@@ -369,3 +369,29 @@ def test_replacement_carries_over_a_failed_node_it_depends_on() -> None:
     merged, diff = merge_replan(plan.as_plan(), replacement, locked={"1", "2", "3"})
     assert diff == PlanDiff(revised=["5"])
     assert validate_plan(merged, registry).node("4") == plan.node("4")
+
+
+def test_the_publishing_example_asks_approval_for_its_risky_step_and_publishes_the_report(
+    demo_env: Path,
+) -> None:
+    """``dags/plan_and_publish.py``: its plan runs to the end (local runner), the risky tool publishes
+    the written report, and the DAG has the approval task that asks before any node runs."""
+    import importlib.util
+
+    from plan_demo.publishing import registry as publishing
+
+    path = Path(__file__).resolve().parents[2] / "dags" / "plan_and_publish.py"
+    spec = importlib.util.spec_from_file_location("plan_and_publish_under_test", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    tools = registry.merge(publishing)
+    assert [name for name, tool in tools.items() if tool.needs_approval] == ["publish_report"]
+    assert "approve" in example.plan_and_publish.task_ids
+    result = run_plan(validate_plan(example.PLAN, tools), tools)
+    assert result.status == "completed", result.message
+    published = Path(result.outputs["5"]["published"])
+    assert published.read_text() == Path(result.outputs["4"]["path"]).read_text()
+    assert published.parent == demo_env / "reports" / "published" / "payments-oncall"
+    with pytest.raises(PermanentToolError, match="is not a report written under"):
+        publishing["publish_report"].call({"path": "/etc/passwd", "channel": "x"}, ctx("5"))
