@@ -3,9 +3,10 @@
 One cluster serves the module, with the simple auth manager's real users (``admin``, ``alice`` who
 may approve, ``mallory`` who may not). Every scenario is started when the cluster is up, so their
 waits overlap: a rejected plan (its risky tool is never called, no node runs), an approved one, an
-approval that times out, a replan that asks again for its new risky node only, the example session
-frozen through the REST API (compared with the committed ``dags/daily_payment_report.py``), and a
-three-day backfill of that frozen DAG.
+approval that times out, an approval answered within a second of the request appearing, a replan that
+asks again for its new risky node only, the example session frozen through the REST API (compared with
+the committed ``dags/daily_payment_report.py``), a three-day backfill of that frozen DAG, and a run of
+it triggered with a plan in its conf (refused, as its docstring says).
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ FREEZE_ARGS = [  # as the committed dags/daily_payment_report.py was written (se
     "--param=day={{ macros.ds_add(ds, -1) }}",
 ]
 RUN_TIMEOUT = 300.0
+#: a plan a user gives a frozen DAG's run in its conf (the DAG's docstring: refused)
+FOREIGN_PLAN = {
+    "goal": "something else",
+    "nodes": [
+        {"id": "1", "action": "metrics", "tool": "query_metrics", "params": {"service": "payment-api"}}
+    ],
+}
 
 
 @dataclass
@@ -118,6 +126,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             "timeout": cluster.trigger("e2e_approval_timeout", {"goal": "purge"}),
             "replan": cluster.trigger("e2e_approval_replan", {"goal": "purge"}),
             "example": cluster.trigger(EXAMPLE, {"goal": GOAL}),
+            "fast": cluster.trigger("e2e_approval", {"goal": "purge"}),
+            "frozen_conf": cluster.trigger(FROZEN, {"plan": FOREIGN_PLAN}),
         }
         yield state
 
@@ -235,6 +245,53 @@ def test_approved_plan_completes(env: Env) -> None:
     assert (approval["status"], approval["responded_by"], approval["nodes"]) == ("granted", "alice", ["2"])
     assert any(e["type"] == "approval.granted" for e in result["events"])
     assert len(env.calls_of(dag_id, run_id, "purge")) == 1 and result["outputs"]["2"] == {"purged": 3}
+
+
+def test_an_approval_answered_within_a_second_of_the_request_completes(env: Env) -> None:
+    """Answered as soon as the request appears (no wait for the scheduler), as a quick user or a script
+    would: the session still completes."""
+    dag_id, run_id = "e2e_approval", env.runs["fast"]
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        try:
+            states = {t["task_id"]: t["state"] for t in env.cluster.task_instances(dag_id, run_id)}
+        except AirflowApiError as error:
+            if not error.busy:
+                raise
+            states = {}
+        if states.get("approve") == "awaiting_input":
+            break
+        assert time.monotonic() < deadline and states.get("approve") not in ("failed", "skipped"), states
+        time.sleep(0.05)
+    appeared = time.monotonic()
+    status, body = answer(env, "alice", dag_id, run_id, "Approve")
+    answered = time.monotonic() - appeared
+    assert status == 200, body
+    print(f"\n[e2e] approval answered {answered:.3f} s after the request appeared")
+    assert answered < 1.0
+
+    state, result = finish(env, dag_id, run_id)
+    assert state == "success", env.cluster.diagnostics()
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    [approval] = result["approvals"]
+    assert (approval["status"], approval["responded_by"]) == ("granted", "alice")
+    assert len(env.calls_of(dag_id, run_id, "purge")) == 1
+
+
+def test_a_frozen_dag_refuses_a_plan_given_in_the_conf(env: Env) -> None:
+    """``daily_payment_report``'s docstring: each run executes exactly its own nodes, a conf plan is
+    refused. The trigger form has no "Ready plan" field, and a run given one runs no tool."""
+    details = env.cluster.api("GET", f"/dags/{FROZEN}/details")
+    assert "plan" not in details["params"] and "goal" in details["params"]
+    assert "a conf that gives a plan is refused" in details["doc_md"]
+    run_id = env.runs["frozen_conf"]
+    state, result = finish(env, FROZEN, run_id)
+    assert state == "failed"
+    assert (result["status"], result["reason"]) == ("failed", "invalid_plan")
+    assert "runs its own frozen plan" in result["message"]
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in env.cluster.task_instances(FROZEN, run_id)}
+    assert states[("plan", -1)] == "failed"
+    assert not [key for key, state in states.items() if key[0] == "nodes" and state == "success"], states
 
 
 def test_approval_timeout_is_a_rejection(env: Env) -> None:

@@ -2,16 +2,18 @@
 against a real API server with Airflow's auth on (simple auth manager, signed in through its login form).
 
 One cluster and one browser serve the module: the example DAG's seed session (node 3 finds no deploy and
-asks for a replan; revision 1 revises node 5) is run once. The first test watches its plan view while it
+asks for a replan; revision 1 revises node 5) is run once, and so is a run of the approval example
+``plan_and_publish`` whose plan is rejected. The first test watches the plan view while the session
 runs; the others read the finished session's view as a user sees it and compare it with what the REST
-API says. Screenshots go to ``tests/e2e/output/plan_view/``
-(``$PLAN_E2E_OUTPUT/plan_view/`` when set).
+API says. No page shows "null", "undefined" or a raw translation key. Screenshots go to
+``tests/e2e/output/plan_view/`` (``$PLAN_E2E_OUTPUT/plan_view/`` when set).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -26,13 +28,14 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, REPLAN_TASK
-from harness.cluster import AirflowCluster
+from harness.cluster import AirflowApiError, AirflowCluster
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG = "plan_and_execute"
+PUBLISH = "plan_and_publish"  # the approval example: rejected here
 GOAL = "find why the payment API got slow yesterday and write a report"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -49,6 +52,9 @@ CHROMIUM_FLAGS = (
 )
 OUTPUT = Path(os.environ.get("PLAN_E2E_OUTPUT") or Path(__file__).resolve().parent / "output") / "plan_view"
 USER = "admin"
+#: what a page must never show: a value the page forgot to leave out, or a translation key it shows raw
+#: (``runTypes.operator_triggered``, ``common:dagRun.runType``)
+BAD_TEXT = re.compile(r"\bnull\b|\bundefined\b|\b(?:[a-z]+:)?[a-z]+[A-Z][A-Za-z]*\.[A-Za-z_]+\b")
 WAIT = 30.0
 RUN_TIMEOUT = 240.0
 
@@ -58,6 +64,7 @@ class Session:
     cluster: AirflowCluster
     root: str
     child: str
+    rejected: str  # a run of the approval example, rejected by test_a_rejected_plans_nodes_show_as_not_run
 
     def finished(self) -> None:
         """Wait for the whole chain: the root run ends after its replan run."""
@@ -91,9 +98,11 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
     }
-    with plan_cluster(base, EXAMPLE_FILES, [DAG], env=env) as cluster:
+    files = (*EXAMPLE_FILES, ROOT / "dags" / "plan_and_publish.py")
+    with plan_cluster(base, files, [DAG, PUBLISH], env=env) as cluster:
         root = cluster.trigger(DAG, {"goal": GOAL})
-        yield Session(cluster, root, f"{root}__replan_1")
+        rejected = cluster.trigger(PUBLISH)
+        yield Session(cluster, root, f"{root}__replan_1", rejected)
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +142,45 @@ def shot(driver: Any, name: str) -> None:
     driver.save_screenshot(str(OUTPUT / f"{name}.png"))
 
 
-def open_view(driver: Any, session: Session, run_id: str) -> None:
+def open_view(driver: Any, session: Session, run_id: str, dag_id: str = DAG) -> None:
     """The plan view of a run on its own (no frame), once its data is drawn."""
-    driver.get(session.url(f"/plan-view/dags/{DAG}/runs/{quoted(run_id)}"))
+    driver.get(session.url(f"/plan-view/dags/{dag_id}/runs/{quoted(run_id)}"))
     wait_loaded(driver)
 
 
-def wait_loaded(driver: Any) -> None:
+def shown_text(driver: Any) -> str:
+    """The page's text as a user reads it, without the JSON of params and outputs (where null is data)."""
+    return str(
+        driver.execute_script(
+            "const copy = document.body.cloneNode(true);"
+            "copy.querySelectorAll('pre, script, style').forEach(e => e.remove());"
+            "return copy.innerText || copy.textContent;"
+        )
+    )
+
+
+def assert_clean(driver: Any, where: str) -> None:
+    text = shown_text(driver)
+    bad = sorted({m.group(0) for m in BAD_TEXT.finditer(text)})
+    assert not bad, f"{where} shows {bad}: {text[:2000]}"
+
+
+def open_plan_tab(driver: Any, session: Session, run_id: str) -> Any:
+    """The run's page with its Plan tab open; returns the tab's frame once the page shows the run."""
     from selenium.webdriver.common.by import By
 
-    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "body[data-loaded='true'] g.node"))
+    driver.get(session.url(f"/dags/{DAG}/runs/{quoted(run_id)}/plugin/plan"))
+    return wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title='Plan']"))[0]
+
+
+def top_url(driver: Any) -> str:
+    return urllib.parse.unquote(driver.current_url).rstrip("/")
+
+
+def wait_loaded(driver: Any, timeout: float = WAIT) -> None:
+    from selenium.webdriver.common.by import By
+
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "body[data-loaded='true'] g.node"), timeout)
 
 
 def drawn_states(driver: Any) -> dict[str, str]:
@@ -208,6 +246,21 @@ def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index:
 
 def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) -> None:
     """Opened right after the trigger, the page redraws itself (no reload) until the chain is over."""
+    from selenium.webdriver.common.by import By
+
+    # while the session runs: the run page and its Plan tab show no "null" and no raw key
+    browser.switch_to.frame(open_plan_tab(browser, session, session.root))
+    try:
+        wait_loaded(browser, RUN_TIMEOUT)  # once the plan is made
+        assert browser.execute_script("return document.body.dataset.finished;") == "false"
+        assert browser.find_element(By.ID, "session-state").text == "running"
+        assert_clean(browser, "the Plan tab of a running session")
+    finally:
+        browser.switch_to.default_content()
+    wait(browser, lambda d: "Run Type" in d.find_element(By.TAG_NAME, "body").text)
+    assert_clean(browser, "the run page of a running session")
+    shot(browser, "00_plan_tab_while_running")
+
     browser.get(session.url(f"/plan-view/dags/{DAG}/runs/{quoted(session.root)}"))
     browser.execute_script("window.openedOnce = true;")
     seen: list[dict[str, str]] = []
@@ -224,6 +277,7 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
         runs_seen.add(snapshot["runs"])
         if snapshot["finished"] == "true":
             break
+        assert_clean(browser, "the plan view of a running session")
         assert time.monotonic() < deadline, f"the view did not see the session end; states seen: {seen}"
         time.sleep(0.5)
     session.finished()
@@ -231,6 +285,7 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
     assert seen[-1] == session.cluster.node_states(DAG, session.root)
     assert len(seen) >= 2, seen  # it showed the states change
     assert {1, 2} <= runs_seen  # and the replan run join the chain
+    assert_clean(browser, "the plan view of a finished session")
     shot(browser, "00_live_view_at_the_end")
 
 
@@ -263,10 +318,28 @@ def test_plan_tab_of_the_run_page_draws_the_plan(session: Session, browser: Any)
         assert len(states) == 6
         assert states == session.cluster.node_states(DAG, session.root)
         assert browser.find_element(By.ID, "this-run").text == session.root
+        assert_clean(browser, "the Plan tab of a finished session")
     finally:
         browser.switch_to.default_content()
     time.sleep(0.5)  # let the frame settle before the picture
+    assert_clean(browser, "the run page of a finished session")
     shot(browser, "01_plan_tab_of_the_root_run")
+
+
+def test_a_replan_run_and_the_runs_list_name_its_run_type(session: Session, browser: Any) -> None:
+    """A replan run's type (operator_triggered) reads as words, on its page and in the runs list."""
+    session.finished()
+    from selenium.webdriver.common.by import By
+
+    assert session.cluster.get_run(DAG, session.child)["run_type"] == "operator_triggered"
+    browser.get(session.url(f"/dags/{DAG}/runs/{quoted(session.child)}"))
+    wait(browser, lambda d: "Triggered by a task" in d.find_element(By.TAG_NAME, "body").text)
+    assert_clean(browser, "a replan run's page")
+    shot(browser, "07_replan_run_page_run_type")
+    browser.get(session.url(f"/dags/{DAG}/runs"))
+    wait(browser, lambda d: "Triggered by a task" in d.find_element(By.TAG_NAME, "body").text)
+    assert_clean(browser, "the runs list")
+    shot(browser, "08_runs_list_run_types")
 
 
 def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session, browser: Any) -> None:
@@ -303,6 +376,15 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
         == "revised"
     )
     assert "no deploys" in browser.find_element(By.ID, "reason").text
+    # what the revision changed in node 5: its params, before -> after
+    [row] = browser.find_elements(By.CSS_SELECTOR, "#changes tr[data-node-id='5'][data-field='params']")
+    before = json.loads(row.find_element(By.CSS_SELECTOR, "pre.before").text)
+    after = json.loads(row.find_element(By.CSS_SELECTOR, "pre.after").text)
+    assert (before["against"], after["against"]) == ("${3}", "${2}")
+    assert [
+        r.get_attribute("data-node-id")
+        for r in browser.find_elements(By.CSS_SELECTOR, "#changes tr[data-node-id]")
+    ] == ["5"]
     node5 = details(browser, "5")
     ti = task_instance(cluster, session.child, NODES_TASK, 4)
     assert node5["Tool"] == "analyze_correlation" and node5["Reused"] == "no"
@@ -335,21 +417,106 @@ def test_replan_links_lead_from_the_root_to_the_child_and_back(session: Session,
     follow(root, REPLAN_TASK, "Triggered DAG", child, "04_triggered_dag_link_to_the_child")
     follow(child, PLAN_TASK, "Parent run", root, "05_parent_run_link_back_to_the_root")
 
-    # the same way inside the Plan tab: to the replan run and back to its parent
-    browser.get(session.url(f"/dags/{DAG}/runs/{quoted(root)}/plugin/plan"))
-    browser.switch_to.frame(
-        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title='Plan']"))[0]
-    )
-    try:
-        wait_loaded(browser)
-        browser.find_element(By.CSS_SELECTOR, "a.child-link").click()
-        wait(browser, lambda d: d.find_element(By.ID, "this-run").text == child)
-        wait_loaded(browser)
-        assert (
-            browser.find_element(By.CSS_SELECTOR, "#chain span.current").get_attribute("data-run-id") == child
+    # the same way inside the Plan tab: the whole page goes to the replan run (its Plan tab open) and back
+    for start, link, target in ((root, "a.child-link", child), (child, "a.parent-link", root)):
+        browser.switch_to.frame(open_plan_tab(browser, session, start))
+        try:
+            wait_loaded(browser)
+            browser.find_element(By.CSS_SELECTOR, link).click()
+        finally:
+            browser.switch_to.default_content()
+        wait(browser, lambda d, target=target: top_url(d).endswith(f"/dags/{DAG}/runs/{target}/plugin/plan"))
+        browser.switch_to.frame(
+            wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[title='Plan']"))[0]
         )
-        browser.find_element(By.CSS_SELECTOR, "a.parent-link").click()
-        wait(browser, lambda d: d.find_element(By.ID, "this-run").text == root)
-    finally:
-        browser.switch_to.default_content()
-    shot(browser, "06_plan_tab_back_at_the_root")
+        try:
+            wait(
+                browser,
+                lambda d, target=target: (
+                    d.find_elements(By.ID, "this-run") and d.find_element(By.ID, "this-run").text == target
+                ),
+            )
+            current = browser.find_element(By.CSS_SELECTOR, "#chain span.current").get_attribute(
+                "data-run-id"
+            )
+            assert current == target
+        finally:
+            browser.switch_to.default_content()
+        # the page around the tab shows the same run
+        wait(browser, lambda d, target=target: target in d.find_element(By.TAG_NAME, "body").text)
+    time.sleep(0.5)
+    shot(browser, "06_plan_tab_link_back_at_the_root")
+
+
+def test_one_node_duration_in_the_log_the_event_the_view_and_the_rest_xcom(
+    session: Session, browser: Any
+) -> None:
+    """Node 5 of the replan run: the tool call's duration, the same (+- 10 ms) wherever it is shown."""
+    session.finished()
+    cluster = session.cluster
+    ti = task_instance(cluster, session.child, "nodes", 4)
+    record = cluster.xcom(DAG, session.child, "nodes", "node", map_index=4)  # REST: the XCom entry
+    assert record["node_id"] == "5"
+    [event] = [e for e in record["events"] if e["type"] == "node.succeeded"]
+    log = cluster.task_log(DAG, session.child, "nodes", ti["try_number"], map_index=4)
+    found = re.search(r"node 5 succeeded in ([0-9.]+) s", log)
+    assert found, log[-3000:]
+    open_view(browser, session, session.child)
+    select_revision(browser, 1)
+    row = details(browser, "5")
+    shown = re.fullmatch(r"([0-9.]+) s \(the tool call\)", row["Duration"])
+    assert shown, row
+    figures = {
+        "log": float(found.group(1)),
+        "event": float(event["data"]["duration_s"]),
+        "plan view": float(shown.group(1)),
+        "REST XCom": float(record["duration_s"]),
+    }
+    assert max(figures.values()) - min(figures.values()) <= 0.010, figures
+    # the waiting before the call and the task's own duration are shown apart, named
+    assert row["Waited before the call"].endswith("(for its parents or a slot, in its task)")
+    assert row["Task in Airflow"].endswith(" s")
+    shot(browser, "09_node_5_duration")
+
+
+def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) -> None:
+    """The approval example, rejected: no node runs, and the Plan view draws every node "not run"."""
+    from selenium.webdriver.common.by import By
+
+    cluster, run_id = session.cluster, session.rejected
+    hitl = f"/api/v2/dags/{PUBLISH}/dagRuns/{quoted(run_id)}/taskInstances/approve/-1/hitlDetails"
+    deadline = time.monotonic() + RUN_TIMEOUT
+    parked = f"TaskInstance Finished: dag_id={PUBLISH}, task_id=approve, run_id={run_id},"
+    while True:  # answered once the scheduler has seen the task park (see tests/e2e/test_approval.py)
+        states = {t["task_id"]: t["state"] for t in cluster.task_instances(PUBLISH, run_id)}
+        if states.get("approve") == "awaiting_input" and parked in cluster.log_path("scheduler").read_text():
+            break
+        assert time.monotonic() < deadline, (states, cluster.diagnostics())
+        time.sleep(0.5)
+    request = cluster.request("GET", hitl)
+    assert request["options"] == ["Approve", "Reject"] and not request.get("defaults")
+    assert "| node | action | tool | approval |" in request["body"]
+    browser.get(session.url(f"/dags/{PUBLISH}/runs/{quoted(run_id)}/required_actions"))
+    wait(browser, lambda d: "publish" in d.find_element(By.TAG_NAME, "body").text.lower())
+    time.sleep(1.0)
+    shot(browser, "10_approval_request")
+    for _ in range(10):  # SQLite allows one writer: a busy server answers 5xx, and the answer is sent again
+        try:
+            cluster.request("PATCH", hitl, {"chosen_options": ["Reject"]})
+            break
+        except AirflowApiError as error:
+            if error.status == 409:  # an earlier try was stored after all
+                break
+            if not error.busy:
+                raise
+            time.sleep(1)
+    assert cluster.wait_for_run(PUBLISH, run_id, timeout=RUN_TIMEOUT) == "failed"
+
+    open_view(browser, session, run_id, PUBLISH)
+    states = drawn_states(browser)
+    assert states == dict.fromkeys("12345", "not_run"), states
+    flags = browser.find_element(By.CSS_SELECTOR, "g.node[data-node-id='5'] text.flags").text
+    assert flags.startswith("not run")
+    assert "rejected" in browser.find_element(By.ID, "outcome").text
+    assert_clean(browser, "the plan view of a rejected run")
+    shot(browser, "11_rejected_run_nodes_not_run")
