@@ -113,9 +113,32 @@ READY_PLAN_EXAMPLE = """{
 }"""
 
 
-def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Param]:
-    """The trigger form: a goal, an optional ready plan, and the session budgets."""
+def tools_markdown(tools: Mapping[str, Tool]) -> str:
+    """The tools a ready plan may call, for the trigger form: one line each, with its params (name, type,
+    optional or not) and the first line of its description."""
+    lines = []
+    for name in sorted(tools):
+        tool = tools[name]
+        schema = tool.args_schema if isinstance(tool.args_schema, Mapping) else {}
+        required = set(schema.get("required") or [])
+        params = []
+        for param, spec in (schema.get("properties") or {}).items():
+            kind = spec.get("type", "any") if isinstance(spec, Mapping) else "any"
+            kind = "/".join(kind) if isinstance(kind, list) else str(kind)
+            params.append(f"`{param}` ({kind}{'' if param in required else ', optional'})")
+        summary = (tool.description or "").strip().splitlines()[0] if (tool.description or "").strip() else ""
+        risky = " Needs approval." if tool.needs_approval else ""
+        lines.append(f"- `{name}`: {summary}{risky} Params: {', '.join(params) or 'none'}.")
+    return "\n".join(lines)
+
+
+def plan_params(
+    goal: str = "", budgets: Budgets | None = None, tools: Mapping[str, Tool] | None = None
+) -> dict[str, Param]:
+    """The trigger form: a goal, an optional ready plan (with the DAG's ``tools`` listed beside it), and
+    the session budgets."""
     budgets = budgets or Budgets()
+    listed = f"\n\nThis DAG's tools:\n\n{tools_markdown(tools)}" if tools else ""
     return {
         "goal": Param(goal, type="string", title="Goal", description="What the plan should achieve."),
         "plan": Param(
@@ -126,7 +149,10 @@ def plan_params(goal: str = "", budgets: Budgets | None = None) -> dict[str, Par
                 "Optional. A plan to run as given: the planner is skipped, the plan is validated as is "
                 "(an invalid one is rejected with its problems) and never replanned. Each node calls one "
                 "of this DAG's tools; `${ID}` passes node ID's output, `${ID.field}` part of it. "
-                "Example (put this DAG's tools and params in):\n\n```json\n" + READY_PLAN_EXAMPLE + "\n```"
+                "Example (put this DAG's tools and params in):\n\n```json\n"
+                + READY_PLAN_EXAMPLE
+                + "\n```"
+                + listed
             ),
         ),
         "max_replans": Param(
@@ -171,6 +197,7 @@ class _PlanTasks:
     repair_attempts: int
     operator_args: dict[str, Any]
     ready_plan: Mapping[str, Any] | None
+    catalog: ToolRegistry  # the tools, as loaded when the DAG is built (listed in the trigger form)
 
     @classmethod
     def check(
@@ -213,6 +240,7 @@ class _PlanTasks:
             repair_attempts=repair_attempts,
             operator_args=check_operator_args(operator_args),
             ready_plan=plan,
+            catalog=catalog,
         )
 
     def build(self, *, goal: str | None, replan_dag_id: str | None) -> None:
@@ -378,7 +406,7 @@ def build_plan_dag(
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
-    form = plan_params(goal, tasks.budgets)
+    form = plan_params(goal, tasks.budgets, tasks.catalog)
     if plan is not None:  # a frozen plan DAG runs its own plan only
         del form["plan"]
     all_params: dict[str, Any] = {**form, **(params or {})}

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_CONF_KEY
+from airflow_plan_provider.dag_factory import plan_params
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from harness.seed import seed_plan, seed_replan_story, seed_revision, seed_tools
@@ -128,7 +129,6 @@ def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
 
 
 def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
-    from airflow_plan_provider.dag_factory import plan_params
     from airflow_plan_provider.plan.validate import validate_plan
 
     form = {name: param.dump() for name, param in plan_params("a goal").items()}
@@ -139,6 +139,31 @@ def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
     example = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
     assert validate_plan(example).layers == [["1", "2"], ["3"]]  # a valid shape, with no DAG's tools in it
     assert {node["tool"] for node in example["nodes"]} == {"<a tool of this DAG>"}
+
+
+def test_trigger_form_lists_the_dags_tools_beside_the_ready_plan(tmp_path):
+    from airflow_plan_provider.tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+
+    @registry.tool(description="Hourly latency of a service.\nMore detail the form leaves out.")
+    def query_metrics(service: str, day: str = "yesterday") -> dict:
+        return {}
+
+    @registry.tool(description="Delete stale rows.", needs_approval=True)
+    def purge(table: str, rows: int) -> dict:
+        return {}
+
+    dag = build("pages_form_tools", ScriptedPlanner(seed_plan()), seed_tools(CallLog(tmp_path)))
+    built = dag.params.get_param("plan").dump()["schema"]["description_md"]
+    assert "This DAG's tools" in built and "- `query_deploys`: " in built
+    text = plan_params("g", tools=registry)["plan"].dump()["schema"]["description_md"]
+    listed = text.split("This DAG's tools:\n\n", 1)[1].splitlines()
+    assert listed == [
+        "- `purge`: Delete stale rows. Needs approval. Params: `table` (string), `rows` (integer).",
+        "- `query_metrics`: Hourly latency of a service. "
+        "Params: `service` (string), `day` (string, optional).",
+    ]
 
 
 def test_plan_llm_connection_form_through_the_hook_meta_endpoint():
