@@ -249,26 +249,33 @@ def test_approved_plan_completes(env: Env) -> None:
 
 def test_an_approval_answered_within_a_second_of_the_request_completes(env: Env) -> None:
     """Answered as soon as the request appears (no wait for the scheduler), as a quick user or a script
-    would: the session still completes."""
+    would: the session completes. Airflow 3.3 may fail the try that took so quick an answer (the
+    scheduler had not processed the end of the process that parked it: "state changed externally");
+    the approve task then retries and asks again, and the answer to that request lets the session go
+    on. Each request is answered within a second of appearing."""
     dag_id, run_id = "e2e_approval", env.runs["fast"]
+    answered: list[tuple[int, float]] = []  # (try of the approve task, seconds from request to answer)
     deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
+    while time.monotonic() < deadline:
         try:
-            states = {t["task_id"]: t["state"] for t in env.cluster.task_instances(dag_id, run_id)}
-        except AirflowApiError as error:
-            if not error.busy:
+            [approve] = [t for t in env.cluster.task_instances(dag_id, run_id) if t["task_id"] == "approve"]
+            run_state = env.cluster.get_run(dag_id, run_id)["state"]
+        except (AirflowApiError, ValueError) as error:
+            if isinstance(error, AirflowApiError) and not error.busy:
                 raise
-            states = {}
-        if states.get("approve") == "awaiting_input":
+            time.sleep(0.05)
+            continue
+        if run_state in ("success", "failed"):
             break
-        assert time.monotonic() < deadline and states.get("approve") not in ("failed", "skipped"), states
+        asked = approve["state"] == "awaiting_input" and approve["try_number"] not in dict(answered)
+        if asked:
+            appeared = time.monotonic()
+            status, body = answer(env, "alice", dag_id, run_id, "Approve")
+            assert status == 200, body
+            answered.append((approve["try_number"], time.monotonic() - appeared))
         time.sleep(0.05)
-    appeared = time.monotonic()
-    status, body = answer(env, "alice", dag_id, run_id, "Approve")
-    answered = time.monotonic() - appeared
-    assert status == 200, body
-    print(f"\n[e2e] approval answered {answered:.3f} s after the request appeared")
-    assert answered < 1.0
+    print(f"\n[e2e] approvals answered (try, seconds after the request appeared): {answered}")
+    assert answered and all(seconds < 1.0 for _try, seconds in answered), answered
 
     state, result = finish(env, dag_id, run_id)
     assert state == "success", env.cluster.diagnostics()
