@@ -110,7 +110,9 @@ def outcome_event(record: NodeRecord, source: EventSource, attempt: int) -> Even
     ``reason``: why it was skipped; nothing went wrong in it) or ``node.reused``, with the record's
     details that are set and, for an output the provider stored, the artifact's URI."""
     kind = "node.reused" if record.reused else NODE_OUTCOMES[record.status]
-    details = {k: getattr(record, k) for k in OUTCOME_DETAILS if getattr(record, k) not in (None, [], False)}
+    # "is": a duration of 0.0 s equals False, and is a figure all the same
+    values = {k: getattr(record, k) for k in OUTCOME_DETAILS}
+    details = {k: v for k, v in values.items() if v is not None and v is not False and v != []}
     if record.status is NodeStatus.SKIPPED and "error" in details:
         details["reason"] = details.pop("error")
     if record.artifact is not None:

@@ -381,10 +381,11 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     before = json.loads(row.find_element(By.CSS_SELECTOR, "pre.before").text)
     after = json.loads(row.find_element(By.CSS_SELECTOR, "pre.after").text)
     assert (before["against"], after["against"]) == ("${3}", "${2}")
-    assert [
-        r.get_attribute("data-node-id")
+    changed = {
+        (r.get_attribute("data-node-id"), r.get_attribute("data-field"))
         for r in browser.find_elements(By.CSS_SELECTOR, "#changes tr[data-node-id]")
-    ] == ["5"]
+    }
+    assert changed == {("5", "action"), ("5", "params")}  # its tool stayed the same
     node5 = details(browser, "5")
     ti = task_instance(cluster, session.child, NODES_TASK, 4)
     assert node5["Tool"] == "analyze_correlation" and node5["Reused"] == "no"

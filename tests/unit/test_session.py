@@ -229,3 +229,16 @@ def test_a_node_record_is_finished_and_round_trips_as_pushed() -> None:
     assert NodeRecord.model_validate(pushed) == record
     history = record.model_dump(mode="json")
     assert not {"output", "events", "checkpoint", "started_at", "ended_at"} & set(history)
+
+
+def test_an_outcome_event_keeps_a_duration_of_zero_seconds() -> None:
+    """0.0 s (an instant tool, to the millisecond) is a figure: the event says it, as the record does."""
+    from airflow_plan_provider.plan.decisions import NodeStatus
+    from airflow_plan_provider.plan.events import EventSource, outcome_event
+    from airflow_plan_provider.plan.result import NodeRecord
+
+    source = EventSource("d", "r", "r", 0)
+    for seconds in (0.0, 0.125):
+        record = NodeRecord(node_id="1", status=NodeStatus.SUCCESS, duration_s=seconds)
+        assert outcome_event(record, source, 1).data["duration_s"] == seconds
+    assert "replan_requested" not in outcome_event(record, source, 1).data  # False is left out
