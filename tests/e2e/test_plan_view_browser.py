@@ -499,6 +499,15 @@ def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) 
     assert "| node | action | tool | approval |" in request["body"]
     browser.get(session.url(f"/dags/{PUBLISH}/runs/{quoted(run_id)}/required_actions"))
     wait(browser, lambda d: "publish" in d.find_element(By.TAG_NAME, "body").text.lower())
+    # Approve and Reject: two buttons drawn alike (the request has no default answer to single out)
+    buttons = [
+        wait(
+            browser, lambda d, o=option: d.find_elements(By.CSS_SELECTOR, f"[data-testid='hitl-option-{o}']")
+        )[0]
+        for option in ("Approve", "Reject")
+    ]
+    assert buttons[0].get_attribute("class") == buttons[1].get_attribute("class")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", buttons[0])
     time.sleep(1.0)
     shot(browser, "10_approval_request")
     for _ in range(10):  # SQLite allows one writer: a busy server answers 5xx, and the answer is sent again
