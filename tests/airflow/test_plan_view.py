@@ -355,11 +355,11 @@ def test_nodes_that_never_ran_are_shown_not_run_not_pending():
     root = two_revisions()["r"]
     root.state = "running"
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {None}  # still to come
-    root.tis[("nodes", -1)] = {"state": "skipped"}  # skipped before it expanded: a rejected approval
+    root.tis[(NODES_TASK, -1)] = {"state": "skipped"}  # skipped before it expanded: a rejected approval
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {"not_run"}
-    del root.tis[("nodes", -1)]
+    del root.tis[(NODES_TASK, -1)]
     root.state = "failed"  # the run is over: a node without a state of its own never ran
-    root.tis[("nodes", 0)] = {"state": "success", "try_number": 1}
+    root.tis[(NODES_TASK, 0)] = {"state": "success", "try_number": 1}
     nodes = by_id(plan_view("d", "r", [root])["runs"][0])
     assert (nodes["a"]["state"], nodes["b"]["state"]) == ("success", "not_run")
 
@@ -370,7 +370,7 @@ def test_the_planner_is_named_only_for_a_plan_a_planner_was_asked_for():
     assert (first["plan_source"], second["plan_source"]) == ("planner", "planner")  # a replan asks too
     for source in ("conf", "dag"):
         root = two_revisions()["r"]
-        session = root.xcoms[("plan", -1, "session")]
+        session = root.xcoms[(PLAN_TASK, -1, SESSION_KEY)]
         session["events"] = [
             make_event("plan.created", EventSource("d", "r", "r", 0), attempts=1, source=source).model_dump(
                 mode="json"
@@ -379,7 +379,7 @@ def test_the_planner_is_named_only_for_a_plan_a_planner_was_asked_for():
         [view] = plan_view("d", "r", [root])["runs"]
         assert (view["plan_source"], view["planner_calls"]) == (source, [])
     root = two_revisions()["r"]
-    root.xcoms[("plan", -1, "session")]["events"] = []  # not planned yet
+    root.xcoms[(PLAN_TASK, -1, SESSION_KEY)]["events"] = []  # not planned yet
     assert plan_view("d", "r", [root])["runs"][0]["plan_source"] is None
 
 
@@ -388,11 +388,11 @@ def test_a_revised_node_shows_what_changed_with_secrets_masked():
 
     runs = two_revisions()
     child = runs["r__replan_1"]
-    plan = child.xcoms[("plan", -1, "plan")]
+    plan = child.xcoms[(PLAN_TASK, -1, PLAN_KEY)]
     changed = next(n for n in plan["nodes"] if n["id"] == "a")
     changed["params"] = {"api_key": "sk-very-secret", "n": 2}
     changed["tool"] = "better"
-    child.xcoms[("plan", -1, "session")]["revisions"][0]["diff"]["revised"] = ["a"]
+    child.xcoms[(PLAN_TASK, -1, SESSION_KEY)]["revisions"][0]["diff"]["revised"] = ["a"]
     second = plan_view("d", "r__replan_1", session_chain("r__replan_1", runs), redact=redact)["runs"][1]
     assert second["changes"] == [
         {

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import APPROVE_TASK, NODES_TASK
+from airflow_plan_provider.contract import APPROVE_TASK, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowApiError, AirflowCluster
 from harness.sqlite import API_TIMEOUT, locked
@@ -258,7 +258,9 @@ def test_an_approval_answered_within_a_second_of_the_request_completes(env: Env)
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
         try:
-            [approve] = [t for t in env.cluster.task_instances(dag_id, run_id) if t["task_id"] == "approve"]
+            [approve] = [
+                t for t in env.cluster.task_instances(dag_id, run_id) if t["task_id"] == APPROVE_TASK
+            ]
             run_state = env.cluster.get_run(dag_id, run_id)["state"]
         except (AirflowApiError, ValueError) as error:
             if isinstance(error, AirflowApiError) and not error.busy:
@@ -297,8 +299,8 @@ def test_a_frozen_dag_refuses_a_plan_given_in_the_conf(env: Env) -> None:
     assert (result["status"], result["reason"]) == ("failed", "invalid_plan")
     assert "runs its own frozen plan" in result["message"]
     states = {(t["task_id"], t["map_index"]): t["state"] for t in env.cluster.task_instances(FROZEN, run_id)}
-    assert states[("plan", -1)] == "failed"
-    assert not [key for key, state in states.items() if key[0] == "nodes" and state == "success"], states
+    assert states[(PLAN_TASK, -1)] == "failed"
+    assert not [key for key, state in states.items() if key[0] == NODES_TASK and state == "success"], states
 
 
 def test_approval_timeout_is_a_rejection(env: Env) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, REPLAN_TASK
+from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
 from harness.cluster import AirflowApiError, AirflowCluster
 from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
 
@@ -455,11 +455,11 @@ def test_one_node_duration_in_the_log_the_event_the_view_and_the_rest_xcom(
     """Node 5 of the replan run: the tool call's duration, the same (+- 10 ms) wherever it is shown."""
     session.finished()
     cluster = session.cluster
-    ti = task_instance(cluster, session.child, "nodes", 4)
-    record = cluster.xcom(DAG, session.child, "nodes", "node", map_index=4)  # REST: the XCom entry
+    ti = task_instance(cluster, session.child, NODES_TASK, 4)
+    record = cluster.xcom(DAG, session.child, NODES_TASK, NODE_KEY, map_index=4)  # REST: the XCom entry
     assert record["node_id"] == "5"
     [event] = [e for e in record["events"] if e["type"] == "node.succeeded"]
-    log = cluster.task_log(DAG, session.child, "nodes", ti["try_number"], map_index=4)
+    log = cluster.task_log(DAG, session.child, NODES_TASK, ti["try_number"], map_index=4)
     found = re.search(r"node 5 succeeded in ([0-9.]+) s", log)
     assert found, log[-3000:]
     open_view(browser, session, session.child)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import APPROVE_TASK
 from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested
 from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.merge import PlanDiff, merge_replan
@@ -387,7 +388,7 @@ def test_the_publishing_example_asks_approval_for_its_risky_step_and_publishes_t
     spec.loader.exec_module(example)
     tools = registry.merge(publishing)
     assert [name for name, tool in tools.items() if tool.needs_approval] == ["publish_report"]
-    assert "approve" in example.plan_and_publish.task_ids
+    assert APPROVE_TASK in example.plan_and_publish.task_ids
     result = run_plan(validate_plan(example.PLAN, tools), tools)
     assert result.status == "completed", result.message
     published = Path(result.outputs["5"]["published"])
