@@ -384,7 +384,7 @@ def test_the_planner_is_named_only_for_a_plan_a_planner_was_asked_for():
 
 
 def test_a_revised_node_shows_what_changed_with_secrets_masked():
-    from airflow._shared.secrets_masker import redact
+    from airflow_plan_provider.compat import redact
 
     runs = two_revisions()
     child = runs["r__replan_1"]
