@@ -1,25 +1,40 @@
 """Shared by the end-to-end tests: one way to start a cluster serving DAG files, with or without Celery
-(and the local services the distributed tests need)."""
+(and the local services the distributed tests need), and one cluster that several modules share.
+
+Starting a cluster costs 12-24 s, so modules whose runs cannot disturb each other share
+:func:`example_cluster` (the example DAGs and every DAG under ``tests/e2e/dags``, LocalExecutor on
+SQLite, parallelism 8). A module gets a cluster of its own when it changes what the whole cluster does:
+auth users, scheduler timeouts, a slot count, the executor, or killing and stopping its processes.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import shutil
 import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_plan_provider.testing.openai_server import OpenAITestServer
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The example DAG and the demo package it imports.
 EXAMPLE_FILES = (ROOT / "dags" / "plan_and_execute.py", ROOT / "dags" / "plan_demo")
+#: The DAG files written for these tests.
+E2E_DAGS = Path(__file__).resolve().parent / "dags"
+#: The key of the ``plan_llm_default`` connection of :func:`example_cluster`: distinctive, so that a
+#: test can look for it everywhere a run leaves text behind.
+LLM_API_KEY = f"sk-test-{secrets.token_hex(16)}"
 CELERY_WORKERS = ("worker-a", "worker-b")
 CELERY_BROKER = "redis://127.0.0.1:6379/5"
 
@@ -71,12 +86,54 @@ def plan_cluster(
     options.setdefault("parallelism", 8)
     t0 = time.monotonic()
     with AirflowCluster(dags, env=dict(env or {}), **options) as running:
-        for dag_id in dag_ids:
-            running.wait_for_dag(dag_id, timeout=180)
-            if unpause:
-                running.unpause(dag_id)
+        serve(running, dag_ids, unpause=unpause)
         print(f"\n[e2e] cluster ready in {time.monotonic() - t0:.1f}s (home={running.home})")
         yield running
+
+
+def serve(cluster: AirflowCluster, dag_ids: Iterable[str], *, unpause: bool = True) -> None:
+    """Wait until the cluster has parsed ``dag_ids``; unpause them unless ``unpause=False``."""
+    for dag_id in dag_ids:
+        cluster.wait_for_dag(dag_id, timeout=180)
+        if unpause:
+            cluster.unpause(dag_id)
+
+
+@dataclass
+class SharedCluster:
+    """:func:`example_cluster`: the cluster, the folder its tools log their calls to (``calls/<dag id>``)
+    and write reports in (``reports``), and the OpenAI-compatible server its LLM planner asks."""
+
+    cluster: AirflowCluster
+    base: Path
+    llm: OpenAITestServer
+
+    @property
+    def calls(self) -> Path:
+        return self.base / "calls"
+
+    @property
+    def reports(self) -> Path:
+        return self.base / "reports"
+
+
+@pytest.fixture(scope="session")
+def example_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
+    """One cluster for the test session, serving the example DAGs and every DAG under ``tests/e2e/dags``,
+    with ``demo_env`` and a ``plan_llm_default`` connection to a scripted OpenAI-compatible server. A
+    module that uses it waits for its own DAGs with :func:`serve`, and reads only its own DAGs' runs,
+    call logs and reports."""
+    base = tmp_path_factory.mktemp("example_cluster")
+    with OpenAITestServer() as llm:
+        connection = {
+            "conn_type": "plan_llm",
+            "host": llm.base_url,
+            "password": LLM_API_KEY,
+            "extra": {"model": "test-model"},
+        }
+        env = {**demo_env(base), "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection)}
+        with plan_cluster(base, [*EXAMPLE_FILES, *sorted(E2E_DAGS.glob("*.py"))], (), env=env) as cluster:
+            yield SharedCluster(cluster, base, llm)
 
 
 @contextlib.contextmanager

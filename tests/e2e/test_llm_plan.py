@@ -10,10 +10,8 @@ text behind: task logs, XComs and the SessionResult's events.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from airflow_plan_provider.contract import (
 from airflow_plan_provider.planners.template import fill_template
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
 from harness.cluster import AirflowCluster
-from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
+from tests.e2e.conftest import LLM_API_KEY, SharedCluster, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "dags" / "plan_demo" / "templates"
 DAG_ID = "plan_and_execute_llm"
 GOAL = "find why the payment API got slow yesterday and write a report"
-API_KEY = f"sk-test-{secrets.token_hex(16)}"
+API_KEY = LLM_API_KEY
 VALUES = {"goal": GOAL, "service": "payment-api", "day": "yesterday"}
 RUN_TIMEOUT = 180.0
 
@@ -91,23 +89,15 @@ def cyclic_plan() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[OpenAITestServer]:
-    with OpenAITestServer() as srv:
-        yield srv
+def server(example_cluster: SharedCluster) -> OpenAITestServer:
+    """The server the shared cluster's ``plan_llm_default`` connection points at (``API_KEY`` its key)."""
+    return example_cluster.llm
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, server: OpenAITestServer) -> Iterator[AirflowCluster]:
-    base = tmp_path_factory.mktemp("llm_plan")
-    connection = {
-        "conn_type": "plan_llm",
-        "host": server.base_url,
-        "password": API_KEY,
-        "extra": {"model": "test-model"},
-    }
-    env = {**demo_env(base), "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection)}
-    with plan_cluster(base, EXAMPLE_FILES, [DAG_ID], env=env) as c:
-        yield c
+def cluster(example_cluster: SharedCluster) -> AirflowCluster:
+    serve(example_cluster.cluster, [DAG_ID])
+    return example_cluster.cluster
 
 
 # -------------------------------------------------------------------------------------------- helpers

@@ -2,8 +2,9 @@
 through the REST API: the example DAG's replan chain, failure containment, a scripted replan, the
 per-run and pool concurrency caps, and Airflow retries of a transient tool error.
 
-One cluster serves the whole module. Tool calls are counted by ``ScriptedTool`` in a ``CallLog`` folder
-per DAG that every worker process writes to (``$PLAN_E2E_CALL_LOG/<dag_id>``).
+The module runs on the test session's shared cluster (``example_cluster``). Tool calls are counted by
+``ScriptedTool`` in a ``CallLog`` folder per DAG that every worker process writes to
+(``$PLAN_E2E_CALL_LOG/<dag_id>``).
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowCluster
 from harness.seed import seed_plan
-from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
+from tests.e2e.conftest import SharedCluster, serve
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTED_DAGS = Path(__file__).resolve().parent / "dags"
 EXAMPLE = "plan_and_execute"
 GOAL = "find why the payment API got slow yesterday and write a report"
 POOL = "plan_e2e_pool"  # as in dags/scripted_plan_dags.py
@@ -61,12 +60,11 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    base = tmp_path_factory.mktemp("plan_runs")
-    dag_files = [*EXAMPLE_FILES, *SCRIPTED_DAGS.glob("*.py")]
-    with plan_cluster(base, dag_files, DAG_IDS, env=demo_env(base)) as cluster:
-        cluster.api("POST", "/pools", {"name": POOL, "slots": 3, "include_deferred": False})
-        yield Env(cluster, base / "calls", base / "reports")
+def env(example_cluster: SharedCluster) -> Iterator[Env]:
+    cluster = example_cluster.cluster
+    serve(cluster, DAG_IDS)
+    cluster.api("POST", "/pools", {"name": POOL, "slots": 3, "include_deferred": False})
+    yield Env(cluster, example_cluster.calls, example_cluster.reports)
 
 
 # --------------------------------------------------------------------------------------------- helpers
