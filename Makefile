@@ -1,12 +1,14 @@
-# Entry points: `make demo` runs the example plan DAG end to end; `make test` runs every test; `make airflow`
-# starts a local Airflow with the example DAGs (UI on http://127.0.0.1:$(PORT), Ctrl-C stops it).
+# Entry points: `make demo` runs the example plan DAG end to end; `make test` runs every test but the slow
+# tier, `make test-slow` the slow tier (tests marked `slow`: load tests and the cluster launcher's own tests;
+# CI runs both); `make airflow` starts a local Airflow with the example DAGs (UI on http://127.0.0.1:$(PORT),
+# Ctrl-C stops it).
 # Each creates the virtual environment (.venv) on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8080
 
-.PHONY: demo test lint bench airflow
+.PHONY: demo test test-slow lint bench airflow
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +23,10 @@ airflow: $(VENV)/.installed
 	$(PY) scripts/airflow_local.py --port $(PORT)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts

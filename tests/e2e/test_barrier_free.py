@@ -118,6 +118,7 @@ def lock_held(database: Path, holds: int, hold: float, gap: float) -> Iterator[l
         holder.join()
 
 
+@pytest.mark.slow  # a load test: the only one of SQLite held locked under concurrent runs
 def test_ten_concurrent_runs_on_sqlite_complete_while_the_database_is_locked(
     cluster: tuple[AirflowCluster, Path],
 ) -> None:

@@ -28,7 +28,8 @@ from airflow_plan_provider.contract import NODES_TASK, lane_task_id
 from harness.cluster import AirflowCluster
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, require_postgres_and_redis
 
-pytestmark = pytest.mark.e2e
+# slow tier: the only test of a pool holding across worker processes under load (ten sessions, 112 s)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAG_FILE = Path(__file__).parent / "dags" / "pool_dags.py"
 GAUGE = "redis://127.0.0.1:6379/6"

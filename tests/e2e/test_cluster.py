@@ -29,7 +29,9 @@ from harness.cluster import (
 from harness.processes import pid_alive
 from tests.e2e.conftest import plan_cluster
 
-pytestmark = pytest.mark.e2e
+# slow tier: the launcher's own behaviour (crash diagnostics, stop, orphans reaped after its starter dies);
+# every other e2e module exercises its ordinary path
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAG_ID = "e2e_cluster_smoke"
 
