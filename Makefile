@@ -1,6 +1,6 @@
 # Entry points: `make demo` runs the example plan DAG end to end; `make test` runs every test but the slow
-# tier, `make test-slow` the slow tier (tests marked `slow`: load tests and the cluster launcher's own tests;
-# CI runs both); `make airflow` starts a local Airflow with the example DAGs (UI on http://127.0.0.1:$(PORT),
+# tier, `make test-slow` the slow tier (tests marked `slow`: load tests, lost workers, two of the scheduler
+# crash points, the cluster launcher's own tests; CI runs both); `make airflow` starts a local Airflow with the example DAGs (UI on http://127.0.0.1:$(PORT),
 # Ctrl-C stops it).
 # Each creates the virtual environment (.venv) on first use.
 PYTHON ?= python3

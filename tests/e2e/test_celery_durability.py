@@ -29,7 +29,8 @@ from harness.cluster import AirflowCluster
 from harness.logs import error_lines
 from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, demo_env
 
-pytestmark = pytest.mark.e2e
+# slow tier: the only test of lost Celery workers (a Celery cluster of its own and 20 s heartbeat timeouts)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAG_FILE = Path(__file__).resolve().parent / "dags" / "lost_worker_dags.py"
 DAG_ID = "e2e_lost_worker"  # as in dags/lost_worker_dags.py
