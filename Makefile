@@ -23,10 +23,10 @@ airflow: $(VENV)/.installed
 	$(PY) scripts/airflow_local.py --port $(PORT)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=10
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts
