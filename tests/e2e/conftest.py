@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import socket
 import time
@@ -26,15 +25,13 @@ import pytest
 from airflow_plan_provider.testing.openai_server import OpenAITestServer
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
+from tests.e2e.keys import LLM_API_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The example DAG and the demo package it imports.
 EXAMPLE_FILES = (ROOT / "dags" / "plan_and_execute.py", ROOT / "dags" / "plan_demo")
 #: The DAG files written for these tests.
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
-#: The key of the ``plan_llm_default`` connection of :func:`example_cluster`: distinctive, so that a
-#: test can look for it everywhere a run leaves text behind.
-LLM_API_KEY = f"sk-test-{secrets.token_hex(16)}"
 CELERY_WORKERS = ("worker-a", "worker-b")
 CELERY_BROKER = "redis://127.0.0.1:6379/5"
 

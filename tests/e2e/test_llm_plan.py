@@ -28,7 +28,8 @@ from airflow_plan_provider.contract import (
 from airflow_plan_provider.planners.template import fill_template
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
 from harness.cluster import AirflowCluster
-from tests.e2e.conftest import LLM_API_KEY, SharedCluster, serve
+from tests.e2e.conftest import SharedCluster, serve
+from tests.e2e.keys import LLM_API_KEY
 
 pytestmark = pytest.mark.e2e
 
