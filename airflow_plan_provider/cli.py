@@ -17,7 +17,7 @@ line naming the module and its error). ``-`` reads the plan from stdin. Without 
 structure is checked (tool names and params are not), and a last line on stderr says so.
 
 ``run`` validates the plan as ``validate`` does, runs it in this process on ``--max-workers`` threads
-with the tools ``SPEC`` names (:mod:`airflow_plan_provider.plan.executor`: the plan DAG's rules, no
+with the tools ``SPEC`` names (:mod:`airflow_plan_provider.local_runner`: the plan DAG's rules, no
 Airflow) and prints the SessionResult (a summary, or with ``--json`` the JSON). With ``--planner`` a
 failure or a replan request is answered by a replan, as a plan DAG's replan run does. Exit status 0 when
 the session completed, 1 when it failed, 2 for bad input (an unreadable or invalid plan, tools or a
@@ -60,9 +60,9 @@ from airflow_plan_provider.freeze import (
     render_dag_file,
     source_from_plan,
 )
+from airflow_plan_provider.local_runner import run_plan
 from airflow_plan_provider.plan.approval import APPROVAL_MODES
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import run_plan
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import Planner
 from airflow_plan_provider.settings import NodeExecution

@@ -1,25 +1,19 @@
-"""One plan node as one mapped task instance: decide, resolve inputs, call the tool, record the outcome."""
+"""One plan node as one mapped task instance: wait for its parents, run the node's step
+(:mod:`airflow_plan_provider.plan.node_step`), and act on its outcome in Airflow's terms."""
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, node_label
-from airflow_plan_provider.exceptions import (
-    PermanentToolError,
-    ReplanRequested,
-    TransientToolError,
-    TriggerEventError,
-)
+from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     group_prefix,
@@ -29,102 +23,152 @@ from airflow_plan_provider.operators.layout import (
     pull_run_context,
 )
 from airflow_plan_provider.operators.node_wait import SlotWait
-from airflow_plan_provider.plan.budgets import step_refused
-from airflow_plan_provider.plan.calls import CallRefused, call_params, idempotency_key
-from airflow_plan_provider.plan.decisions import NodeStatus, decide
-from airflow_plan_provider.plan.events import EventSource, make_event, outcome_event
+from airflow_plan_provider.plan.calls import key_scope, node_key
+from airflow_plan_provider.plan.decisions import NodeStatus
+from airflow_plan_provider.plan.events import EventSource
 from airflow_plan_provider.plan.model import Node, ValidatedPlan
-from airflow_plan_provider.plan.result import Event, NodeRecord, now, summarize
-from airflow_plan_provider.plan.session import RunContext
+from airflow_plan_provider.plan.node_step import (
+    JobWait,
+    NodeInputs,
+    NodeStep,
+    StepOutcome,
+    StoredOutputError,
+    TryContext,
+    checkpointed,
+)
+from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, now
+from airflow_plan_provider.plan.session import LockedOutput, RunContext
 from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
+from airflow_plan_provider.tools.jobs import JobOutcome
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
-from airflow_plan_provider.triggers.payloads import JobOutcome, validate_job_event, validate_parents_event
+from airflow_plan_provider.triggers.payloads import validate_job_event, validate_parents_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 NODE_LABEL = "plan_node_label"
-PARAMS_LOG_CHARS = 2000  # of the resolved params in a node's log line
-# what a checkpoint gives back to a node's record (the rest describes the current try)
-CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")
 
 
 @dataclass
 class NodeRun:
-    """What one node instance knows while it runs: the node, the run's context, its record's fields
-    so far (``start``) and its events.
-
-    ``started`` (epoch seconds) is set when the tool is called. The node's duration is the tool call's:
-    from ``started`` to ``ended``, which the first :meth:`duration` after the call sets (across a
-    deferral too: a job's polling time is part of the node's duration). The log line of the outcome, its
-    event and the record all carry that one figure.
-    """
+    """What one node instance knows while it runs: its task instance, plan, node, the run's context, its
+    operator, and when it began (``started_at``, before it waited for its parents)."""
 
     ti: Any
     plan: ValidatedPlan
     node: Node
     run_context: RunContext
-    start: dict[str, Any]
-    log: Any
-    missing: list[str] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    started: float | None = None
-    ended: float | None = None
-
-    @property
-    def source(self) -> EventSource:
-        return EventSource(
-            self.ti.dag_id, self.ti.run_id, self.run_context.root_run_id, self.run_context.revision
-        )
-
-    def event(self, type_: str, /, **data: Any) -> Event:
-        """Record and publish one event of this node (log line, metrics, span event)."""
-        return self._publish(make_event(type_, self.source, self.node.id, tool=self.node.tool, **data))
-
-    def _publish(self, event: Event) -> Event:
-        self.events.append(event)
-        emit(self.log, event)
-        return event
-
-    def duration(self) -> float | None:
-        """Seconds from the tool call to the end of the call (fixed when first read after it), or None
-        before the tool is called."""
-        if self.started is None:
-            return None
-        if self.ended is None:
-            self.ended = time.time()
-        return round(self.ended - self.started, 3)
-
-    def push(self, status: NodeStatus, **fields: Any) -> None:
-        """Push the node's record (its outcome) and record the outcome's event."""
-        record = NodeRecord.model_validate(
-            {
-                **self.start,
-                "status": status,
-                "ended_at": now(),
-                "missing_inputs": self.missing,
-                **fields,
-                "duration_s": self.duration(),
-            }
-        )
-        self._publish(outcome_event(record, self.source, self.ti.try_number))
-        record.events = list(self.events)
-        self.ti.xcom_push(key=NODE_KEY, value=record.pushed())
-
-    def fail(self, reason: str) -> AirflowFailException:
-        self.log.error("node %s failed after %s s: %s", self.node.id, self.duration(), reason)
-        self.push(NodeStatus.FAILED, error=reason)
-        return AirflowFailException(f"node {self.node.id}: {reason}")
+    operator: PlanNodeOperator
+    started_at: str = field(default_factory=now)
 
     def key(self, node: Node | None = None) -> str:
-        """The idempotency key of ``node`` (default: this run's node) in this session (a plan in a task
-        group has its own sessions: ``dag:group``, so two groups' nodes never share a key)."""
-        node = node or self.node
-        root = self.run_context.root_run_id or self.ti.run_id
+        """The idempotency key of ``node`` (default: this run's node) in this session
+        (:func:`~airflow_plan_provider.plan.calls.key_scope`: a plan in a task group has its own)."""
         group = group_prefix(getattr(self.ti, "task", None)).rstrip(".")
-        scope = f"{self.ti.dag_id}:{group}" if group else self.ti.dag_id
-        return idempotency_key(scope, root, node.id, node.tool, node.params)
+        scope = key_scope(self.ti.dag_id, group)
+        return node_key(scope, self.run_context.root_run_id or self.ti.run_id, node or self.node)
+
+    def step(
+        self, parents: Mapping[str, NodeRecord | None] | None = None, tools: Mapping[str, Tool] | None = None
+    ) -> NodeStep:
+        """This try's :class:`~airflow_plan_provider.plan.node_step.NodeStep`, hosted by the operator."""
+        ti, op = self.ti, self.operator
+        group = group_prefix(getattr(ti, "task", None)).rstrip(".")
+        rc = self.run_context
+        timeout = op.execution_timeout.total_seconds() if op.execution_timeout else None
+        ctx = TryContext(
+            run_id=ti.run_id,
+            scope=key_scope(ti.dag_id, group),
+            source=EventSource(ti.dag_id, ti.run_id, rc.root_run_id, rc.revision),
+            try_number=ti.try_number,
+            retries=op.retries or 0,
+            hostname=_hostname(ti),
+            job_timeout=timeout,
+            started_at=self.started_at,
+        )
+        inputs = NodeInputs(self.plan, self.node.id, rc, parents or {}, tools or {})
+        return NodeStep(inputs, ctx, _OperatorHost(self))
+
+    def fail(self, reason: str) -> AirflowFailException:
+        """Record that the node failed for good (pushed), as the exception that fails its task."""
+        record = self.step().fail(reason).record
+        assert record is not None
+        self.ti.xcom_push(key=NODE_KEY, value=record.pushed())
+        return AirflowFailException(f"node {self.node.id}: {reason}")
+
+
+@dataclass
+class _OperatorHost:
+    """The node step's host in a task instance: XCom, the artifact store, the task log, a span."""
+
+    run: NodeRun
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        self.run.operator.log.log(level, message, *args)
+
+    def publish(self, event: Event) -> None:
+        emit(self.run.operator.log, event)
+
+    def locked(self, node_id: str) -> LockedOutput:
+        return pull_locked(self.run.ti, node_id)
+
+    def load_checkpoint(self, key: str) -> dict[str, Any] | None:
+        op = self.run.operator
+        return artifacts.load_checkpoint(key, op.artifact_store) if op.checkpoints else None
+
+    def save_checkpoint(self, key: str, saved: dict[str, Any]) -> None:
+        if self.run.operator.checkpoints:
+            artifacts.save_checkpoint(key, saved, self.run.operator.artifact_store)
+
+    def store_output(self, text: str, summary: str, key: str) -> dict[str, Any] | None:
+        op = self.run.operator
+        return artifacts.store(
+            text.encode(),
+            summary=summary,
+            key=key,
+            base_url=op.artifact_store,
+            threshold=op.artifact_threshold,
+        )
+
+    def load_output(self, artifact: ArtifactRef, key: str) -> Any:
+        try:
+            return artifacts.load(artifact, key=key, base_url=self.run.operator.artifact_store)
+        except artifacts.ArtifactError as error:
+            raise StoredOutputError(str(error)) from error
+
+    def shown_params(self, params: Any) -> Any:
+        """The params through Airflow's secrets masker, kept as the templated ``resolved_params``."""
+        from airflow_plan_provider.compat import redact
+
+        shown = redact(params)
+        self.run.operator.resolved_params = shown
+        return shown
+
+    def call(self, tool: Tool, params: Any, ctx: ToolContext) -> Any:
+        with span("plan.node", node_id=ctx.node_id, tool=tool.name, revision=ctx.revision):
+            return tool.call(params, ctx)
+
+
+class _ToolsWhenNeeded(Mapping[str, Tool]):
+    """The operator's tools, loaded when the step first looks one up (a skipped or reused node loads none)."""
+
+    def __init__(self, spec: ToolRegistry | str | None) -> None:
+        self.spec, self._tools = spec, cast(ToolRegistry | None, None)
+
+    def _loaded(self) -> ToolRegistry:
+        if self._tools is None:
+            self._tools = load_tools(self.spec)
+        return self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
 class PlanNodeOperator(BaseOperator):
@@ -178,159 +222,48 @@ class PlanNodeOperator(BaseOperator):
         plan = pull_plan(ti)
         if plan is None:
             raise AirflowFailException("no plan was published by the planning task")
-        run_context = pull_run_context(ti)
         node = plan.node(self.plan_node)
         # not one of Airflow's context keys: the task's map_index_template reads it
         cast(dict[str, Any], context)[NODE_LABEL] = node_label(node.id, node.action)
-        start = {
-            "node_id": node.id,
-            "revision": run_context.revision,
-            "action": node.action,
-            "tool": node.tool,
-            "attempts": ti.try_number,
-            "started_at": now(),
-            "hostname": _hostname(ti),
-        }
-        return NodeRun(ti, plan, node, run_context, start, self.log)
+        return NodeRun(ti, plan, node, pull_run_context(ti), self)
 
     def execute(self, context: Context) -> None:
         run = self._start(context)
-        ti, plan, node, run_ctx = run.ti, run.plan, run.node, run.run_context
         picked = self._await_parents(run, context)  # a parent still running has no record yet
-        unpicked = [p for p in plan.parents[node.id] if p not in picked]
-        records = {**pull_node_records(ti, plan, run_ctx, unpicked), **picked}
-        parents = {p: records.get(p) for p in plan.parents[node.id]}
-        statuses = {p: r.status if r else NodeStatus.FAILED for p, r in parents.items()}
-        moot = [p for p, r in parents.items() if r and r.replan_requested]
-        decision = decide(plan, node.id, statuses, moot)
-        if decision.action != "run":
-            self.log.info("node %s skipped because %s", node.id, decision.reason)
-            run.push(NodeStatus.SKIPPED, error=decision.reason)
-            raise AirflowSkipException(f"node {node.id}: {decision.reason}")
+        unpicked = [p for p in run.plan.parents[run.node.id] if p not in picked]
+        records = {**pull_node_records(run.ti, run.plan, run.run_context, unpicked), **picked}
+        step = run.step(records, _ToolsWhenNeeded(self.tools))
+        self._act(run, step.run())
 
-        if node.id in run_ctx.reused:
-            locked = pull_locked(ti, node.id)
-            self.log.info(
-                "node %s reused: it succeeded in an earlier revision; output: %s", node.id, locked.summary
-            )
-            run.push(
-                NodeStatus.SUCCESS,
-                reused=True,
-                attempts=0,
-                output=locked.output,
-                artifact=locked.artifact,
-                output_summary=locked.summary,
-            )
-            return
-        key = run.key()
-        saved = artifacts.load_checkpoint(key, self.artifact_store) if self.checkpoints else None
-        if saved is not None:
-            # this node's call already succeeded (its task was cleared, or crashed after the call)
-            self.log.info(
-                "node %s reused: it already succeeded (checkpoint %s), its tool is not called again; "
-                "output: %s",
-                node.id,
-                key,
-                saved.get("output_summary"),
-            )
-            run.push(
-                NodeStatus.SUCCESS,
-                **_checkpointed(saved),
-                reused=True,
-                checkpoint=True,
-            )
-            return
-
-        position = run_ctx.execution_order.index(node.id)
-        reason = step_refused(run_ctx.budgets, run_ctx.steps_used, position, node.id)
-        if reason is not None:
-            self.log.info("node %s skipped because the %s", node.id, reason)
-            run.push(NodeStatus.SKIPPED, budget_exhausted=True, error=reason)
-            raise AirflowSkipException(reason)
-
-        run.missing = list(decision.missing)
-        if run.missing:
+    def _act(self, run: NodeRun, outcome: StepOutcome) -> None:
+        """Do in Airflow's terms what the node's step ended with: push its record, then succeed, skip
+        (``AirflowSkipException``), fail for good (``AirflowFailException``), raise the tool's error again
+        for Airflow to retry (or fail, when no try is left), or defer to the job's trigger."""
+        node_id = run.node.id
+        if outcome.kind == "poll":
+            assert outcome.job is not None
+            self._defer_to_job(run, outcome.job)
+        if outcome.kind == "retry":
+            assert outcome.error is not None
+            retrying = outcome.events[-1].data
             self.log.warning(
-                "node %s runs with missing inputs: optional parent(s) %s did not succeed",
-                node.id,
-                ", ".join(run.missing),
+                "node %s: try %s failed after %s s (%s); Airflow retries it",
+                node_id,
+                run.ti.try_number,
+                retrying["duration_s"],
+                retrying["error"],
             )
-        else:
-            self.log.info("node %s runs: every parent succeeded", node.id)
-        outputs = {
-            p: self._parent_output(run, p, r)
-            for p, r in parents.items()
-            if r and r.status is NodeStatus.SUCCESS
-        }
-        tool = load_tools(self.tools).get(node.tool)
-        if tool is None:
-            raise run.fail(f"unknown tool {node.tool!r}")
-        try:
-            params = call_params(node, tool, outputs)
-        except CallRefused as error:
-            raise run.fail(str(error)) from error
-        ctx = ToolContext(
-            node_id=node.id,
-            idempotency_key=key,
-            attempt=ti.try_number,
-            missing_inputs=tuple(run.missing),
-            run_id=ti.run_id,
-            revision=run_ctx.revision,
-        )
-        self._log_params(node.id, params)
-        self.log.info(
-            "node %s: calling %s (try %s, key %s)", node.id, tool.name, ti.try_number, ctx.idempotency_key
-        )
-        run.started = time.time()
-        run.event("node.started", attempt=ti.try_number, key=key, missing_inputs=run.missing)
-        try:
-            with span("plan.node", node_id=node.id, tool=tool.name, revision=run_ctx.revision):
-                output = tool.call(params, ctx)
-        except ReplanRequested as request:
-            self.log.warning("node %s requests a replan: %s", node.id, request.reason)
-            self._succeed(run, key, request.output, replan_requested=True, error=request.reason)
-            return
-        except PermanentToolError as error:
-            raise run.fail(error.reason) from error
-        except Exception as error:
-            reason = (
-                error.reason if isinstance(error, TransientToolError) else f"{type(error).__name__}: {error}"
-            )
-            if ti.try_number > self.retries:
-                run.push(NodeStatus.FAILED, error=reason)
-            else:
-                self.log.warning(
-                    "node %s: try %s failed after %s s (%s); Airflow retries it",
-                    node.id,
-                    ti.try_number,
-                    run.duration(),
-                    reason,
-                )
-                run.event("node.retrying", attempt=ti.try_number, duration_s=run.duration(), error=reason)
-            raise
-        if tool.is_async:
-            self._defer_to_job(run, tool, ctx, output)
-        self._succeed(run, key, output)
-
-    def _log_params(self, node_id: str, params: Any) -> None:
-        """Log the resolved params (secrets masked) and keep them as the templated ``resolved_params``."""
-        from airflow_plan_provider.compat import redact
-
-        shown = redact(params)
-        self.resolved_params = shown
-        self.log.info("node %s params: %s", node_id, summarize(shown, PARAMS_LOG_CHARS))
-
-    def _parent_output(self, run: NodeRun, parent_id: str, record: NodeRecord) -> Any:
-        """A succeeded parent's output: the tool's data as pushed, or the output the provider stored for
-        that parent (its record's ``artifact``), verified. A stored output that fails verification
-        fails this node for good: retrying cannot repair it."""
-        if record.artifact is None:
-            return record.output
-        parent = run.plan.node(parent_id)
-        try:
-            return artifacts.load(record.artifact, key=run.key(parent), base_url=self.artifact_store)
-        except artifacts.ArtifactError as error:
-            raise run.fail(f"output of parent node {parent_id}: {error}") from error
+            raise outcome.error
+        record = outcome.record
+        assert record is not None
+        run.ti.xcom_push(key=NODE_KEY, value=record.pushed())
+        if outcome.kind == "skipped":
+            reason = record.error or ""
+            raise AirflowSkipException(reason if record.budget_exhausted else f"node {node_id}: {reason}")
+        if outcome.kind == "failed":
+            if outcome.error is not None:
+                raise outcome.error
+            raise AirflowFailException(f"node {node_id}: {record.error}")
 
     def _await_parents(self, run: NodeRun, context: Context) -> dict[str, NodeRecord]:
         """Return once every parent has finished, with the records of the parents whose result was
@@ -394,86 +327,29 @@ class PlanNodeOperator(BaseOperator):
             raise self._start(context).fail(str(error)) from error
         self.execute(context)
 
-    def _succeed(self, run: NodeRun, key: str, output: Any, **fields: Any) -> None:
-        """Record a successful call: store a large output, save the checkpoint, then push the record.
-
-        The checkpoint comes first, right after the tool returned: if the worker dies before the push,
-        the next try finds it and does not call the tool again.
-        """
-        try:
-            text = json.dumps(output, sort_keys=True)  # the one encoding: size, artifact and summary
-        except (TypeError, ValueError) as error:
-            raise run.fail(f"tool output is not JSON-serialisable: {error}") from error
-        summary = summarize(output if isinstance(output, str) else text)
-        artifact = artifacts.store(
-            text.encode(),
-            summary=summary,
-            key=key,
-            base_url=self.artifact_store,
-            threshold=self.artifact_threshold,
-        )
-        if artifact is not None:
-            self.log.info(
-                "node %s output (%s bytes) stored at %s", run.node.id, artifact["size"], artifact["uri"]
-            )
-        outcome = {
-            "output": None if artifact is not None else output,
-            "artifact": artifact,
-            "output_summary": summary,
-            **fields,
-        }
-        self.log.info(
-            "node %s succeeded in %s s; output: %s",
-            run.node.id,
-            run.duration(),
-            artifact["uri"] if artifact is not None else outcome["output_summary"],
-        )
-        if self.checkpoints:
-            try:
-                artifacts.save_checkpoint(
-                    key,
-                    {**outcome, "attempts": run.ti.try_number, "run_id": run.ti.run_id},
-                    self.artifact_store,
-                )
-            except Exception as error:  # the record below is what counts; a checkpoint only saves work
-                self.log.warning("node %s: could not save its checkpoint (%s)", run.node.id, error)
-        run.push(NodeStatus.SUCCESS, **outcome)
-
-    def _defer_to_job(self, run: NodeRun, tool: Tool, ctx: ToolContext, handle: Any) -> None:
-        timeout = tool.timeout or (self.execution_timeout.total_seconds() if self.execution_timeout else None)
-        polling = {
-            "handle": handle,
-            "since": now(),
-            "timeout": timeout,
-            "missing": run.missing,
-            "key": ctx.idempotency_key,
-        }
-        run.event("node.polling", handle=summarize(handle, 200), timeout=timeout)
+    def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:
+        """Wait for an asynchronous tool's job on the triggerer (:class:`ToolJobTrigger`), holding no
+        worker slot; what the step knows of the try is kept in XCom ``polling`` until it resumes."""
+        tool = job.tool
+        assert tool is not None and tool.poll is not None
         # visible while the node waits, and read back when it resumes (same try, so the XCom stays)
-        run.ti.xcom_push(
-            key=POLLING_KEY,
-            value={
-                **polling,
-                "started": run.started,
-                "events": [event.model_dump(mode="json") for event in run.events],
-            },
-        )
+        run.ti.xcom_push(key=POLLING_KEY, value=job.saved())
         self.log.info(
             "node %s: job started (%s); polling every %s s on the triggerer",
             run.node.id,
-            handle,
+            job.handle,
             tool.poll_interval,
         )
-        assert tool.poll is not None
         from airflow_plan_provider.tools.jobs import callable_path  # only asynchronous tools need these
         from airflow_plan_provider.triggers.job import ToolJobTrigger
 
+        timeout = job.timeout
         self.defer(
             trigger=ToolJobTrigger(
                 poll_path=callable_path(tool.poll),
-                handle=handle,
+                handle=job.handle,
                 poll_interval=tool.poll_interval,
-                deadline=time.time() + timeout if timeout else None,
+                deadline=job.deadline(),
                 node_id=run.node.id,
             ),
             method_name="resume_after_job",
@@ -486,26 +362,12 @@ class PlanNodeOperator(BaseOperator):
         a done event without its result) fails the node too, naming the fault."""
         run = self._start(context)
         ti = run.ti
-        polling = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
-        run.missing = list(polling.get("missing", []))
-        run.started = polling.get("started")
-        run.events = [Event.model_validate(e) for e in polling.get("events", [])]
+        saved = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
         try:
-            job = validate_job_event(event)
+            job, malformed = validate_job_event(event), False
         except TriggerEventError as error:
-            job = JobOutcome("failed", reason=str(error))
-            outcome = "malformed"
-        else:
-            outcome = job.status
-        polling = {**polling, "until": now(), "outcome": outcome}
-        for internal in ("missing", "started", "events"):
-            polling.pop(internal, None)
-        if job.status != "done":
-            reason = job.reason if outcome == "malformed" else f"job {job.status}: {job.reason}"
-            self.log.error("node %s failed after %s s: %s", run.node.id, run.duration(), reason)
-            run.push(NodeStatus.FAILED, error=reason, polling=polling)
-            raise AirflowFailException(f"node {run.node.id}: {reason}")
-        self._succeed(run, run.key(), job.result, polling=polling)
+            job, malformed = JobOutcome("failed", reason=str(error)), True
+        self._act(run, run.step().job_ended(JobWait.from_saved(saved), job, malformed=malformed))
 
 
 def _hostname(ti: Any) -> str:
@@ -518,6 +380,4 @@ def _hostname(ti: Any) -> str:
     return str(get_hostname())
 
 
-def _checkpointed(saved: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a node's record that its checkpoint gives back (:data:`CHECKPOINT_FIELDS`)."""
-    return {k: saved[k] for k in CHECKPOINT_FIELDS if k in saved}
+_checkpointed = checkpointed  # the waiting code's name for it

@@ -1,7 +1,8 @@
 """One node's call of its tool: the idempotency key it carries, and the params it is called with.
 
-The plan DAG's node tasks and the local executor (:mod:`airflow_plan_provider.plan.executor`) both call
-tools through these two functions, so a node gets the same key and the same params wherever it runs.
+The node step (:mod:`airflow_plan_provider.plan.node_step`), which the plan DAG's node tasks and the local
+runner both run, makes keys and params with these functions only, so a node gets the same key and the same
+params wherever it runs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ def idempotency_key(dag_id: str, root_run_id: str, node_id: str, tool: str, para
     """
     call = json.dumps({"tool": tool, "params": params}, sort_keys=True, separators=(",", ":"))
     return f"{dag_id}/{root_run_id}/{node_id}/{hashlib.sha256(call.encode()).hexdigest()[:16]}"
+
+
+def key_scope(dag_id: str, group: str = "") -> str:
+    """The scope of a plan's idempotency keys: its DAG's id, and the task group's when the plan runs in
+    one (``dag:group``: two plans of one DAG in two groups are two sessions, whose keys never meet).
+
+    >>> key_scope("reports"), key_scope("reports", "weekly")
+    ('reports', 'reports:weekly')
+    """
+    return f"{dag_id}:{group}" if group else dag_id
+
+
+def node_key(scope: str, root_run_id: str, node: Node) -> str:
+    """The idempotency key of ``node``'s call in the session of ``root_run_id`` within ``scope``
+    (:func:`key_scope`): the one rule every host follows."""
+    return idempotency_key(scope, root_run_id, node.id, node.tool, node.params)
 
 
 def call_params(node: Node, tool: Tool, outputs: Mapping[str, Any]) -> Any:

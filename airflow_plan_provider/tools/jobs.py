@@ -17,6 +17,8 @@ function (a module-level function, so the triggerer can import it) takes the han
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +40,57 @@ class JobStatus:
     @classmethod
     def failed(cls, reason: str) -> JobStatus:
         return cls("failed", reason=reason)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How an asynchronous tool's job ended, as :func:`poll_once` tells it (and
+    :class:`~airflow_plan_provider.triggers.job.ToolJobTrigger` reports it in its event).
+
+    :param status: ``done`` (``result`` holds the job's result), ``failed`` or ``timeout`` (``reason``
+        says why).
+    :param result: the job's result when it is done (JSON-serialisable, may be ``None``).
+    :param reason: why the job failed or timed out.
+    """
+
+    status: Literal["done", "failed", "timeout"]
+    result: Any = None
+    reason: str = ""
+
+    def payload(self) -> dict[str, Any]:
+        """The trigger event's payload."""
+        if self.status == "done":
+            return {"status": "done", "result": self.result}
+        return {"status": self.status, "reason": self.reason}
+
+
+def poll_once(poll: Callable[[Any], Any], handle: Any, deadline: float | None) -> JobOutcome | None:
+    """Poll a job once: its :class:`JobOutcome`, or ``None`` while it is pending and ``deadline`` (epoch
+    seconds, ``time.time()``; ``None`` for no limit) has not passed. The one set of polling rules: the
+    triggerer (``ToolJobTrigger``) and the local runner both wait for a job by calling this every
+    ``poll_interval`` seconds until it returns an outcome.
+
+    A poll that raises, or returns anything but a :class:`JobStatus`, ends the job as failed, with the
+    reason.
+
+    >>> poll_once(lambda handle: JobStatus.done({"rows": 3}), "job-1", None)
+    JobOutcome(status='done', result={'rows': 3}, reason='')
+    >>> poll_once(lambda handle: JobStatus.pending(), "job-1", deadline=0.0).status
+    'timeout'
+    """
+    try:
+        status = poll(handle)
+    except Exception as error:  # a poll that raises ends the job as failed, with the reason
+        return JobOutcome("failed", reason=f"polling raised {type(error).__name__}: {error}")
+    if not isinstance(status, JobStatus):
+        return JobOutcome("failed", reason=f"poll returned {type(status).__name__}, expected JobStatus")
+    if status.state == "done":
+        return JobOutcome("done", result=status.result)
+    if status.state == "failed":
+        return JobOutcome("failed", reason=status.reason or "the job failed")
+    if deadline is not None and time.time() >= deadline:
+        return JobOutcome("timeout", reason="the job did not finish before its timeout")
+    return None
 
 
 def callable_path(func: Any) -> str:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_plan_provider.tools.jobs import JobStatus, import_callable
-from airflow_plan_provider.triggers.payloads import JobOutcome
+from airflow_plan_provider.tools.jobs import JobOutcome, import_callable, poll_once
 
 
 class ToolJobTrigger(BaseTrigger):
@@ -62,20 +60,8 @@ class ToolJobTrigger(BaseTrigger):
         yield TriggerEvent(outcome.payload())
 
     async def _wait(self) -> JobOutcome:
+        """Poll by :func:`~airflow_plan_provider.tools.jobs.poll_once`'s rules (each poll in a thread)."""
         poll = import_callable(self.poll_path)
-        while True:
-            try:
-                status = await asyncio.to_thread(poll, self.handle)
-            except Exception as error:  # a poll that raises ends the job as failed, with the reason
-                return JobOutcome("failed", reason=f"polling raised {type(error).__name__}: {error}")
-            if not isinstance(status, JobStatus):
-                return JobOutcome(
-                    "failed", reason=f"poll returned {type(status).__name__}, expected JobStatus"
-                )
-            if status.state == "done":
-                return JobOutcome("done", result=status.result)
-            if status.state == "failed":
-                return JobOutcome("failed", reason=status.reason or "the job failed")
-            if self.deadline is not None and time.time() >= self.deadline:
-                return JobOutcome("timeout", reason="the job did not finish before its timeout")
+        while (outcome := await asyncio.to_thread(poll_once, poll, self.handle, self.deadline)) is None:
             await asyncio.sleep(self.poll_interval)
+        return outcome

@@ -10,37 +10,16 @@ an unknown status never passes as a success.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.plan.waiting import Wait
+from airflow_plan_provider.tools.jobs import JobOutcome as JobOutcome  # re-exported: a job event's content
 
 JOB_STATUSES = ("done", "failed", "timeout")
 #: what the parents trigger sends: every parent finished, or one needs a slot again (the deferred node
 #: lets go of its task's cap)
 PARENTS_STATUSES = (Wait.READY.value, Wait.MAKE_WAY.value)
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """The end of an asynchronous tool's job, as :class:`~.job.ToolJobTrigger` reports it.
-
-    :param status: ``done`` (``result`` holds the job's result), ``failed`` or ``timeout`` (``reason``
-        says why).
-    :param result: the job's result when it is done (JSON-serialisable, may be ``None``).
-    :param reason: why the job failed or timed out.
-    """
-
-    status: Literal["done", "failed", "timeout"]
-    result: Any = None
-    reason: str = ""
-
-    def payload(self) -> dict[str, Any]:
-        """The trigger event's payload."""
-        if self.status == "done":
-            return {"status": "done", "result": self.result}
-        return {"status": self.status, "reason": self.reason}
 
 
 def _mapping(event: object, trigger: str) -> Mapping[str, Any]:

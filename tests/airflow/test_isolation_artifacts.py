@@ -497,11 +497,12 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
         }
     )
 
+    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node="b", artifact_store=base)
+
     def waiting_child(run_id: str) -> NodeRun:
         ti = SimpleNamespace(dag_id="d", run_id=run_id, task=None, try_number=1)
-        return NodeRun(ti, plan, plan.node("b"), RunContext(root_run_id="root"), {}, logging.getLogger("t"))
+        return NodeRun(ti, plan, plan.node("b"), RunContext(root_run_id="root"), operator)
 
-    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node="b", artifact_store=base)
     key = waiting_child("r1").key(plan.node("a"))
     output = {"rows": 3}
     artifacts.save_checkpoint(

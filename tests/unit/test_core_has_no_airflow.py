@@ -1,4 +1,4 @@
-"""The pure core (plan, tools, planners/base.py) and the CLI import without importing Airflow."""
+"""The pure core (plan, tools, planners/base.py), the local runner and the CLI import no Airflow."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_plan_provider"
 CORE_DIRS = ("plan", "tools")
-CORE_FILES = ("planners/base.py", "cli.py")
+CORE_FILES = ("planners/base.py", "cli.py", "local_runner.py")
 
 # Imports each module in turn and reports the first one after which Airflow is loaded.
 PROBE = """

@@ -1,5 +1,5 @@
 """The flagship demo without Airflow: the dataset, the six tools, the template planner, and the scenario's
-whole session run by the local executor (deploy query requests a replan, node 5 revised, report names
+whole session run by the local runner (deploy query requests a replan, node 5 revised, report names
 fraud-check)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from airflow_plan_provider.contract import APPROVE_TASK
 from airflow_plan_provider.exceptions import PermanentToolError, PlanningError, ReplanRequested
-from airflow_plan_provider.plan.executor import run_plan
+from airflow_plan_provider.local_runner import run_plan
 from airflow_plan_provider.plan.merge import PlanDiff, merge_replan
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput
@@ -323,7 +323,7 @@ def test_static_planner() -> None:
 
 
 def walk(goal: str) -> SessionResult:
-    """The scenario's whole session, run by the local executor with the demo's planner."""
+    """The scenario's whole session, run by the local runner with the demo's planner."""
     return run_plan(demo_plan(goal), registry, planner=payment_latency_planner(), execution=NO_WAIT)
 
 

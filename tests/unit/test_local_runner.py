@@ -1,4 +1,4 @@
-"""The local executor (plan/executor.py): a plan run on threads by the node tasks' rules, no Airflow."""
+"""The local runner (local_runner.py): a plan run on threads by the node tasks' rules, no Airflow."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.local_runner import retry_delay, run_plan
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.plan.executor import retry_delay, run_plan
 from airflow_plan_provider.plan.result import Event, SessionResult
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.settings import NodeExecution
