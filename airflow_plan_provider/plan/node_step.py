@@ -178,7 +178,7 @@ class NodeStep:
         self.missing: list[str] = []
         self.events: list[Event] = []
         self.started: float | None = None  # when the tool was called: a record's duration counts from it
-        self.ended: float | None = None
+        self.call_ended: float | None = None
 
     def run(self) -> StepOutcome:
         node, inputs, host = self.node, self.inputs, self.host
@@ -319,7 +319,7 @@ class NodeStep:
         """The outcome of the node whose job ``wait`` ended with ``job`` (``malformed``: the host got no
         valid report of the job's end, and ``job.reason`` says what was wrong)."""
         self.missing, self.started, self.events = list(wait.missing), wait.started, list(wait.events)
-        self.ended = None
+        self.call_ended = None
         polling = {**wait.polling, "until": now(), "outcome": "malformed" if malformed else job.status}
         if job.status != "done":
             return self.fail(job.reason if malformed else f"job {job.status}: {job.reason}", polling=polling)
@@ -404,6 +404,6 @@ class NodeStep:
         log line, event and record carry one figure); None before the tool is called."""
         if self.started is None:
             return None
-        if self.ended is None:
-            self.ended = time.time()
-        return round(self.ended - self.started, 3)
+        if self.call_ended is None:
+            self.call_ended = time.time()
+        return round(self.call_ended - self.started, 3)
