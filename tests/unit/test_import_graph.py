@@ -27,10 +27,11 @@ class Rule:
 RULES = [
     Rule("the plugin and freeze read runs through the contract, not the operators",
          ("plugins/*", "freeze.py"), ("operators/*",)),
+    Rule("the pure core knows neither the settings nor the planners",
+         ("plan/*",), ("settings.py", "planners/*")),
 ]  # fmt: skip
-# To come, once plan/executor.py (the local runner, which imports both) has left the core's folder:
-# Rule("the pure core knows neither the settings nor the planners",
-#      ("plan/*",), ("settings.py", "planners/*")),
+#: all the pure core (``plan/``) may import of the package: itself, the tools and the exceptions
+CORE_MAY_IMPORT = ("plan/*", "tools/*", "exceptions.py")
 
 
 def module_file(module: str) -> str | None:
@@ -115,3 +116,22 @@ def test_no_import_breaks_a_rule() -> None:
     graph = import_graph()
     broken = {rule.name: found for rule in RULES if (found := violations(graph, rule))}
     assert broken == {}
+
+
+def test_the_core_imports_only_itself_the_tools_and_the_exceptions() -> None:
+    """Never the settings, the planners, the local runner, the contract or an Airflow adapter."""
+    graph = import_graph()
+    outside = sorted(
+        (source, target)
+        for source, targets in graph.items()
+        if matches(source, ("plan/*",))
+        for target in targets
+        if not matches(target, CORE_MAY_IMPORT)
+    )
+    assert outside == []
+
+
+def test_both_hosts_run_the_one_node_step() -> None:
+    graph = import_graph()
+    assert "plan/node_step.py" in graph["operators/node.py"]
+    assert "plan/node_step.py" in graph["local_runner.py"]
