@@ -343,7 +343,7 @@ class PlanNodeOperator(BaseOperator):
         from airflow_plan_provider.tools.jobs import callable_path  # only asynchronous tools need these
         from airflow_plan_provider.triggers.job import ToolJobTrigger
 
-        timeout = job.timeout
+        timeout = WaitingPolicy(slot_wait=self.slot_wait).job_timeout(job.timeout or None)
         self.defer(
             trigger=ToolJobTrigger(
                 poll_path=callable_path(tool.poll),
@@ -353,7 +353,7 @@ class PlanNodeOperator(BaseOperator):
                 node_id=run.node.id,
             ),
             method_name="resume_after_job",
-            timeout=timedelta(seconds=timeout * 2) if timeout else None,
+            timeout=timedelta(seconds=timeout) if timeout else None,
         )
 
     def resume_after_job(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:

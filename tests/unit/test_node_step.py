@@ -333,7 +333,7 @@ def raises(handle: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("poll", "deadline", "expected"),
+    ("poll", "seconds_left", "expected"),
     [
         (poll_done, None, JobOutcome("done", result={"rows": 1})),
         (lambda h: JobStatus.failed(""), None, JobOutcome("failed", reason="the job failed")),
@@ -345,14 +345,17 @@ def raises(handle: Any) -> Any:
         ),
         (
             lambda h: JobStatus.pending(),
-            0.0,
+            -1.0,
             JobOutcome("timeout", reason="the job did not finish before its timeout"),
         ),
         (lambda h: JobStatus.pending(), None, None),
-        (lambda h: JobStatus.pending(), time.time() + 60, None),
+        (lambda h: JobStatus.pending(), 3600.0, None),
     ],
 )
-def test_one_poll_of_a_job(poll: Any, deadline: float | None, expected: JobOutcome | None) -> None:
+def test_one_poll_of_a_job(poll: Any, seconds_left: float | None, expected: JobOutcome | None) -> None:
+    """``seconds_left`` until the job's deadline (None: no deadline), counted from the poll, not from the
+    test's collection (a suite may take longer than any fixed margin)."""
+    deadline = None if seconds_left is None else time.time() + seconds_left
     assert poll_once(poll, {"n": 1}, deadline) == expected
 
 
