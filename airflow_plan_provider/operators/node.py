@@ -62,24 +62,26 @@ class NodeRun:
     operator: PlanNodeOperator
     started_at: str = field(default_factory=now)
 
+    @property
+    def scope(self) -> str:
+        """The scope of this session's keys (:func:`~airflow_plan_provider.plan.calls.key_scope`: a plan
+        in a task group has its own)."""
+        return key_scope(self.ti.dag_id, group_prefix(getattr(self.ti, "task", None)).rstrip("."))
+
     def key(self, node: Node | None = None) -> str:
-        """The idempotency key of ``node`` (default: this run's node) in this session
-        (:func:`~airflow_plan_provider.plan.calls.key_scope`: a plan in a task group has its own)."""
-        group = group_prefix(getattr(self.ti, "task", None)).rstrip(".")
-        scope = key_scope(self.ti.dag_id, group)
-        return node_key(scope, self.run_context.root_run_id or self.ti.run_id, node or self.node)
+        """The idempotency key of ``node`` (default: this run's node) in this session."""
+        return node_key(self.scope, self.run_context.root_run_id or self.ti.run_id, node or self.node)
 
     def step(
         self, parents: Mapping[str, NodeRecord | None] | None = None, tools: Mapping[str, Tool] | None = None
     ) -> NodeStep:
         """This try's :class:`~airflow_plan_provider.plan.node_step.NodeStep`, hosted by the operator."""
         ti, op = self.ti, self.operator
-        group = group_prefix(getattr(ti, "task", None)).rstrip(".")
         rc = self.run_context
         timeout = op.execution_timeout.total_seconds() if op.execution_timeout else None
         ctx = TryContext(
             run_id=ti.run_id,
-            scope=key_scope(ti.dag_id, group),
+            scope=self.scope,
             source=EventSource(ti.dag_id, ti.run_id, rc.root_run_id, rc.revision),
             try_number=ti.try_number,
             retries=op.retries or 0,
@@ -176,7 +178,7 @@ class PlanNodeOperator(BaseOperator):
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
-    :mod:`airflow_plan_provider.triggers.parents` for the rules and why they cannot deadlock; at most
+    :mod:`airflow_plan_provider.plan.waiting` for the rules and why they cannot deadlock; at most
     ``slot_wait`` seconds in the slot). Skips when a hard parent failed or was skipped, or a parent's
     result made it moot; runs with the missing inputs named when an optional parent failed; reuses a
     locked node's output without calling its tool. Transient tool errors are retried by Airflow;
@@ -216,6 +218,10 @@ class PlanNodeOperator(BaseOperator):
         self.artifact_store = artifact_store
         self.artifact_threshold = artifact_threshold
         self.resolved_params: Any = None
+
+    def _policy(self) -> WaitingPolicy:
+        """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
+        return WaitingPolicy(slot_wait=self.slot_wait)
 
     def _start(self, context: Context) -> NodeRun:
         ti = context["ti"]
@@ -275,7 +281,7 @@ class PlanNodeOperator(BaseOperator):
             plan=run.plan,
             run_context=run.run_context,
             node_id=run.node.id,
-            policy=WaitingPolicy(slot_wait=self.slot_wait),
+            policy=self._policy(),
             log=self.log,
             pick_up=lambda node_ids: self._checkpoints_of_this_run(run, node_ids),
             checkpoints=self.checkpoints,
@@ -314,7 +320,7 @@ class PlanNodeOperator(BaseOperator):
                 continue
             if saved is not None and saved.get("run_id") == run.ti.run_id:
                 records[node_id] = NodeRecord(
-                    node_id=node_id, status=NodeStatus.SUCCESS, **_checkpointed(saved)
+                    node_id=node_id, status=NodeStatus.SUCCESS, **checkpointed(saved)
                 )
         return records
 
@@ -343,7 +349,7 @@ class PlanNodeOperator(BaseOperator):
         from airflow_plan_provider.tools.jobs import callable_path  # only asynchronous tools need these
         from airflow_plan_provider.triggers.job import ToolJobTrigger
 
-        timeout = WaitingPolicy(slot_wait=self.slot_wait).job_timeout(job.timeout or None)
+        timeout = self._policy().job_timeout(job.timeout or None)
         self.defer(
             trigger=ToolJobTrigger(
                 poll_path=callable_path(tool.poll),
@@ -378,6 +384,3 @@ def _hostname(ti: Any) -> str:
     from airflow.sdk.api.client import get_hostname
 
     return str(get_hostname())
-
-
-_checkpointed = checkpointed  # the waiting code's name for it
