@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8080
+# pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow lint bench airflow
 
@@ -23,7 +25,7 @@ airflow: $(VENV)/.installed
 	$(PY) scripts/airflow_local.py --port $(PORT)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" --durations=10
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow --durations=10

@@ -1,15 +1,44 @@
-"""Every test process gets its own AIRFLOW_HOME with a SQLite database, set before Airflow is imported."""
+"""Every test process gets its own AIRFLOW_HOME with a SQLite database, set before Airflow is imported.
+
+Under pytest-xdist the workers inherit the controller's environment: a home this file made in another
+process (named by ``PLAN_TESTS_HOME``) is replaced, so no two workers share a database. A home the user
+set stays theirs.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
-_HOME = tempfile.mkdtemp(prefix="plan-provider-airflow-")
-os.environ.setdefault("AIRFLOW_HOME", _HOME)
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
-os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{_HOME}/airflow.db")
-os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(_HOME, "dags"))
-os.environ.setdefault("PLAN_REPORT_DIR", os.path.join(_HOME, "reports"))
-os.environ.setdefault("PLAN_DEMO_DB", os.path.join(_HOME, "demo.sqlite"))
+import pytest
+
+
+def _settings(home: str) -> dict[str, str]:
+    return {
+        "AIRFLOW_HOME": home,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(home, "dags"),
+        "PLAN_REPORT_DIR": os.path.join(home, "reports"),
+        "PLAN_DEMO_DB": os.path.join(home, "demo.sqlite"),
+    }
+
+
+_inherited = os.environ.get("PLAN_TESTS_HOME")
+_HOME = tempfile.mkdtemp(prefix=f"plan-provider-airflow-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+_stale = _settings(_inherited) if _inherited else {}
+for _name, _value in _settings(_HOME).items():
+    if _name not in os.environ or os.environ[_name] == _stale.get(_name):
+        os.environ[_name] = _value
+os.environ["PLAN_TESTS_HOME"] = _HOME
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``) a worker runs
+    a whole module, so a module's fixtures (an Airflow cluster, a seed session) are set up once, and the
+    modules that start Airflow processes go first: they are the longest, and the in-process tests fill
+    the other worker meanwhile. (Each worker that runs a module on the session-wide example cluster
+    starts one of its own; the Celery module is the only one of ``make test`` on the shared broker.)"""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)  # stable: modules stay whole
