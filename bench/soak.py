@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -232,7 +233,10 @@ def main() -> int:
         cluster.wait_for_dag(DAG_ID, timeout=180)
         cluster.unpause(DAG_ID)
         soak = Soak(cluster, postgres, redis, base / "calls")
-        rows = [soak.phase("faults", args, True, rng), soak.phase("quiet", args, False, rng)]
+        try:
+            rows = [soak.phase("faults", args, True, rng), soak.phase("quiet", args, False, rng)]
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
     print()
     print(f"faults struck: {len(soak.faults)} {Counter(name for name, _ in soak.faults)}")
     print(f"each fault's outage (s): {[round(seconds, 1) for _, seconds in soak.faults]}")
