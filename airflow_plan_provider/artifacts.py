@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from airflow_plan_provider.exceptions import PlanProviderError
+from airflow_plan_provider.exceptions import ArtifactStoreError, PlanProviderError
 from airflow_plan_provider.plan.result import ArtifactRef, summarize
 
 DEFAULT_THRESHOLD = 64 * 1024
@@ -133,7 +133,20 @@ def checkpoint_uri(key: str, base_url: str | None = None) -> str:
     return f"{_base(base_url)}/checkpoints/{key_name(key)}.json"
 
 
-def _write_atomically(uri: str, data: bytes) -> None:
+def _write_atomically(uri: str, data: bytes, what: str, base_url: str | None) -> None:
+    """Write ``data`` at ``uri`` whole or not at all; an :class:`ArtifactStoreError` naming the store and
+    ``what`` was written when the store refuses it (the OS error, a failed PUT)."""
+    try:
+        _write_whole(uri, data)
+    except (OSError, ValueError) as error:  # fsspec raises OSError subclasses, some stores ValueError
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ArtifactStoreError(
+            f"the artifact store {_base(base_url)} could not take {what} ({len(data)} bytes): "
+            f"{summarize(reason, 300)}"
+        ) from error
+
+
+def _write_whole(uri: str, data: bytes) -> None:
     path = _path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.protocol not in LOCAL_PROTOCOLS:
@@ -169,12 +182,14 @@ def store(
 ) -> dict[str, Any] | None:
     """Store an output given as its JSON ``data`` when that is larger than ``threshold`` bytes and
     return its reference (an :class:`ArtifactRef` as a dict, with ``summary``); None when the output
-    is small enough for XCom. The caller encodes the output once and passes the same text here."""
+    is small enough for XCom. The caller encodes the output once and passes the same text here.
+
+    :raises ArtifactStoreError: the store did not take the file (nothing of it is left there)."""
     if len(data) <= threshold:
         return None
     digest = hashlib.sha256(data).hexdigest()
     uri = output_uri(key, digest, base_url)
-    _write_atomically(uri, data)
+    _write_atomically(uri, data, "a node's output", base_url)
     return ArtifactRef(uri=uri, size=len(data), sha256=digest, summary=summary).model_dump()
 
 
@@ -216,11 +231,13 @@ def save_checkpoint(key: str, record: dict[str, Any], base_url: str | None = Non
     """Remember that the node behind ``key`` succeeded, with its record.
 
     The checkpoint outlives the task instance's XCom, which Airflow clears when the task is cleared.
+
+    :raises ArtifactStoreError: the store did not take the file (nothing of it is left there).
     """
     signed = canonical_json({"key": key, "record": record})
     # canonical_json of {"key", "record", "sha256"}: "sha256" sorts last, so it is appended (one encoding)
     content = signed[:-1] + b',"sha256":"' + hashlib.sha256(signed).hexdigest().encode() + b'"}'
-    _write_atomically(checkpoint_uri(key, base_url), content)
+    _write_atomically(checkpoint_uri(key, base_url), content, "a checkpoint", base_url)
 
 
 def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | None:

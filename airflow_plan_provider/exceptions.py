@@ -7,6 +7,7 @@
     ├── PlanningError            a planner produced no usable plan (``.problems`` from the last attempt)
     ├── FreezeError              a session or plan cannot be frozen into a DAG file (why, in its text)
     ├── TriggerEventError        a deferred task resumed with an event its trigger cannot have sent
+    ├── ArtifactStoreError       the artifact store did not take a file (the try fails; Airflow retries)
     └── ToolError                raised by tools, read by the node runner
         ├── TransientToolError   worth retrying (timeouts, 5xx, rate limits)
         ├── PermanentToolError   retrying cannot help (bad credentials, missing resource)
@@ -29,6 +30,12 @@ class PlanProviderError(Exception):
 
 class FreezeError(PlanProviderError):
     """A session or plan cannot be frozen into a DAG file: the message names the source and the fault."""
+
+
+class ArtifactStoreError(PlanProviderError):
+    """The artifact store could not take a file (unwritable, full, unreachable): the message names the
+    store, and nothing of the file is left there. Not the node's fault: its task fails the try and Airflow
+    retries it (``NodeExecution.retries``), which succeeds once the store takes files again."""
 
 
 class TriggerEventError(PlanProviderError):

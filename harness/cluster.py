@@ -362,6 +362,8 @@ class AirflowCluster:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_handles: dict[str, Any] = {}
         self._started_pids: list[int] = []
+        #: every component :meth:`revive` started again, in order
+        self.revived: list[str] = []
         self._token: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._airflow = _airflow_command()
@@ -702,6 +704,16 @@ class AirflowCluster:
             self._token = None
             self._wait_api_up(self.startup_timeout)
 
+    def revive(self) -> list[str]:
+        """Start again every component that exited, as a deployment's restart policy does (docker
+        compose's ``restart: always``); returns their names. Airflow's scheduler, dag-processor and
+        triggerer exit when the metadata database stays unreachable for a few seconds."""
+        exited = [c for c, proc in self._procs.items() if proc.poll() is not None]
+        for component in exited:
+            self.restart(component)
+        self.revived.extend(exited)
+        return exited
+
     # ------------------------------------------------------------------ introspection
 
     @property
@@ -900,13 +912,20 @@ class AirflowCluster:
         *,
         states: Iterable[str] = TERMINAL_RUN_STATES,
         poll: float = 0.5,
+        revive: bool = False,
     ) -> str:
-        """Wait until the run reaches one of ``states`` (default success/failed); returns the state."""
+        """Wait until the run reaches one of ``states`` (default success/failed); returns the state.
+
+        :param revive: start again a component that exits meanwhile (:meth:`revive`, a deployment's
+            restart policy) rather than raise :class:`ComponentCrashed`.
+        """
         wanted = set(states)
         deadline = time.monotonic() + timeout
         state: str | None = None
         unanswered = ""  # the last poll that got no state
         while time.monotonic() < deadline:
+            if revive:
+                self.revive()
             self.check_alive()
             try:
                 state = self.get_run(dag_id, run_id)["state"]

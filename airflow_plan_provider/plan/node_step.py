@@ -28,7 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
+from airflow_plan_provider.exceptions import (
+    ArtifactStoreError,
+    PermanentToolError,
+    ReplanRequested,
+    TransientToolError,
+)
 from airflow_plan_provider.plan.budgets import step_refused
 from airflow_plan_provider.plan.calls import CallRefused, call_params, node_key
 from airflow_plan_provider.plan.decisions import NodeStatus, decide
@@ -337,7 +342,15 @@ class NodeStep:
         except (TypeError, ValueError) as error:
             return self.fail(f"tool output is not JSON-serialisable: {error}")
         summary = summarize(output if isinstance(output, str) else text)
-        artifact = host.store_output(text, summary, self.key)
+        try:
+            artifact = host.store_output(text, summary, self.key)
+        except (
+            ArtifactStoreError
+        ) as error:  # the store's fault, not the node's: this try fails, a retry may not
+            host.log(
+                logging.ERROR, "node %s: its tool returned, but its output was not stored: %s", node.id, error
+            )
+            raise
         if artifact is not None:
             host.log(
                 logging.INFO,

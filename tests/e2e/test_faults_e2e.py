@@ -1,0 +1,286 @@
+"""The faults of a shared deployment, each in the middle of a session: the API server killed and started
+again, the triggerer killed and started again 10 s later, the metadata database restarted, the broker
+restarted. Each costs a delay only: the session completes, no node's tool is called twice for one
+idempotency key (nothing redone, no node failed because a service was away), every side effect is done
+once, and the time from the fault to the recovery is printed.
+
+One CeleryExecutor cluster (two workers) for every fault, on a PostgreSQL server and a Redis server of its
+own (free ports, temporary folders: restarting them touches nothing else on the machine). The faults run
+one after the other, each on a DAG of its own (tests/e2e/dags/fault_dags.py), so each counts its own
+calls; each fault ends with every component and service up again, so the next starts from a whole
+deployment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from airflow_plan_provider.contract import PLAN_TASK, REPLAN_TASK
+from airflow_plan_provider.testing.scripted import CallLog
+from harness.cluster import AirflowCluster
+from harness.logs import error_lines
+from harness.postgres import PostgresDatabase
+from harness.servers import PostgresServer, RedisServer
+from tests.e2e.conftest import CELERY_WORKERS, ROOT, demo_env, plan_cluster
+
+# slow tier: a Celery cluster of its own, on servers of its own, and four sessions that wait out faults
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+DAG_FILE = Path(__file__).resolve().parent / "dags" / "fault_dags.py"
+FAULTS = ("api_server", "triggerer", "database", "broker")  # as in dags/fault_dags.py
+RUN_TIMEOUT = 300.0
+#: how long the slow node works and the jobs run (seconds): long enough for a fault to land while nodes
+#: wait in their slots and on the triggerer
+WORK_SECONDS = 30
+#: how long the API server, the database and the broker stay away (the API server also takes its start-up)
+OUTAGE_SECONDS = 10
+#: The deployment's settings these faults need, read from docker-compose.yml (README, Deploy, faults): the
+#: heartbeat timeout, a task's retries of its calls to the API server, the
+#: scheduler's retries of a publish to the broker, the connection pool's pre-ping.
+DEPLOY_KEYS = (
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX",
+    "AIRFLOW__CELERY__EXTRA_CELERY_CONFIG",
+    "AIRFLOW__CELERY__TASK_PUBLISH_MAX_RETRIES",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_PRE_PING",
+)
+_COMPOSE_ENV = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-airflow-common"]["environment"]
+DEPLOY_SETTINGS = {key: str(_COMPOSE_ENV[key]) for key in DEPLOY_KEYS}
+
+
+@dataclass
+class Deployment:
+    cluster: AirflowCluster
+    postgres: PostgresServer
+    redis: RedisServer
+    calls: Path
+
+    def log(self, dag_id: str) -> CallLog:
+        return CallLog(self.calls / dag_id)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    base = tmp_path_factory.mktemp("faults")
+    with (
+        PostgresServer() as postgres,
+        RedisServer() as redis,
+        PostgresDatabase(postgres.url) as db,
+        plan_cluster(
+            base,
+            [DAG_FILE],
+            [f"e2e_fault_{fault}" for fault in FAULTS],
+            env={**demo_env(base), **DEPLOY_SETTINGS},
+            database_url=db.url,
+            broker_url=redis.url,
+            celery_workers=CELERY_WORKERS,
+            worker_concurrency=4,
+        ) as cluster,
+    ):
+        yield Deployment(cluster, postgres, redis, base / "calls")
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def timestamp(value: str | None) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else 0.0
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, cluster: AirflowCluster) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout}s\n{cluster.diagnostics()}")
+
+
+def node_states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
+    return cluster.node_states(dag_id, run_id)
+
+
+def started(log: CallLog, node: str) -> bool:
+    return bool(log.calls(node=node))
+
+
+def first_finish_after(cluster: AirflowCluster, dag_id: str, run_ids: list[str], moment: float) -> float:
+    """The end of the first task instance (of these runs) that finished after ``moment``."""
+    ends = [
+        timestamp(ti.get("end_date"))
+        for run_id in run_ids
+        for ti in cluster.task_instances(dag_id, run_id)
+        if ti["state"] == "success" and timestamp(ti.get("end_date")) > moment
+    ]
+    return min(ends, default=float("nan"))
+
+
+def check_once_each(log: CallLog) -> Counter[str]:
+    """Every idempotency key was called once and its side effect done once; returns calls per key."""
+    calls = Counter(c["key"] for c in log.calls())
+    effects = Counter(e["key"] for e in log.side_effects())
+    redone = {key: n for key, n in calls.items() if n > 1}
+    duplicates = {key: n for key, n in effects.items() if n > 1}
+    print(f"[e2e] {len(calls)} keys called, redone {redone or 0}, duplicate side effects {duplicates or 0}")
+    assert redone == {}, redone
+    assert duplicates == {}, duplicates
+    assert set(effects) == set(calls)
+    return calls
+
+
+def report(fault: str, t_fault: float, t_back: float, t_first: float, t_done: float) -> None:
+    print(
+        f"[e2e] {fault}: out {t_back - t_fault:.1f}s; first task finished {t_first - t_fault:.1f}s and the "
+        f"session completed {t_done - t_fault:.1f}s after the fault"
+    )
+
+
+def in_waits_position(deployment: Deployment, dag_id: str, run_id: str) -> dict[str, str] | None:
+    """The ``waits`` plan where a fault should hit it: ``slow`` working, ``s1``/``s2`` waiting in their
+    slots (running, no call yet), ``job`` and ``after_job`` deferred."""
+    log = deployment.log(dag_id)
+    states = node_states(deployment.cluster, dag_id, run_id)
+    if not started(log, "slow") or started(log, "s1") or started(log, "s2"):
+        return None
+    wanted = {"slow": "running", "s1": "running", "s2": "running", "job": "deferred", "after_job": "deferred"}
+    if all(states.get(node) == state for node, state in wanted.items()):
+        return states
+    return None
+
+
+def planning(deployment: Deployment, dag_id: str, run_id: str) -> dict[str, str] | None:
+    """The run's ``plan`` task running: its nodes are queued (sent to the broker) in a moment."""
+    tis = deployment.cluster.task_instances(dag_id, run_id)
+    states = {ti["task_id"]: ti["state"] for ti in tis if ti["map_index"] == -1}
+    return states if states.get(PLAN_TASK) == "running" else None
+
+
+def run_waits_through(
+    deployment: Deployment,
+    fault: str,
+    outage: Callable[[], None],
+    position: Callable[[Deployment, str, str], dict[str, str] | None] = in_waits_position,
+) -> None:
+    """Trigger the ``waits`` plan on fault's DAG, call ``outage`` (the fault and the service's return)
+    once the run is in ``position`` (by default: nodes wait in their slots and on the triggerer), and
+    check the session."""
+    cluster = deployment.cluster
+    dag_id = f"e2e_fault_{fault}"
+    log = deployment.log(dag_id)
+    run_id = cluster.trigger(
+        dag_id, {"goal": f"survive {fault}", "scenario": "waits", "seconds": WORK_SECONDS}
+    )
+    states = wait_for(
+        lambda: position(deployment, dag_id, run_id), 180, f"the run in {position.__name__}", cluster
+    )
+    print(f"\n[e2e] {fault}: fault while {states}")
+    t_fault = time.time()
+    outage()
+    t_back = time.time()
+    # a component that exits meanwhile is started again, as the deployment's restart policy does
+    state = cluster.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT, revive=True)
+    print(f"[e2e] {fault}: components that exited and were started again: {cluster.revived}")
+    cluster.revived.clear()
+    assert state == "success", cluster.diagnostics()
+    t_done = timestamp(cluster.get_run(dag_id, run_id)["end_date"])
+    report(fault, t_fault, t_back, first_finish_after(cluster, dag_id, [run_id], t_back), t_done)
+    result = cluster.session_result(dag_id, run_id)
+    assert result is not None and (result.status, result.reason) == ("completed", "goal_met")
+    nodes = ("slow", "s1", "s2", "job", "after_job", "end")
+    assert node_states(cluster, dag_id, run_id) == dict.fromkeys(nodes, "success")
+    tries = {
+        ti["rendered_map_index"] or ti["task_id"]: ti["try_number"]
+        for ti in cluster.task_instances(dag_id, run_id)
+    }
+    print(f"[e2e] {fault}: tries {tries}")
+    assert all(n <= 1 for n in tries.values()), tries  # no task failed because a service was away
+    calls = check_once_each(log)
+    assert sorted(c["node"] for c in log.calls()) == sorted(nodes)
+    assert len(calls) == len(nodes)
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+
+def test_api_server_killed_while_nodes_wait_in_their_slots_and_deferred(deployment: Deployment) -> None:
+    cluster = deployment.cluster
+
+    def outage() -> None:
+        cluster.kill("api-server")
+        time.sleep(OUTAGE_SECONDS)
+        cluster.restart("api-server")  # returns once it answers
+
+    run_waits_through(deployment, "api_server", outage)
+    lines = [line for line in error_lines(cluster.log_dir) if "Too many failed heartbeats" in line]
+    assert lines == []
+
+
+def test_triggerer_killed_while_nodes_and_a_replan_wait_deferred(deployment: Deployment) -> None:
+    cluster = deployment.cluster
+    dag_id = "e2e_fault_triggerer"
+    log = deployment.log(dag_id)
+    root = cluster.trigger(
+        dag_id, {"goal": "survive the triggerer", "scenario": "replan", "seconds": WORK_SECONDS}
+    )
+
+    def in_position() -> tuple[str, dict[str, str]] | None:
+        runs = [r["dag_run_id"] for r in cluster.list_runs(dag_id) if r["dag_run_id"] != root]
+        if len(runs) != 1:
+            return None
+        replan = [ti for ti in cluster.task_instances(dag_id, root) if ti["task_id"] == REPLAN_TASK]
+        states = node_states(cluster, dag_id, runs[0])
+        wanted = {"j1": "deferred", "j2": "deferred", "after_j1": "deferred"}
+        if replan and replan[0]["state"] == "deferred" and all(states.get(n) == s for n, s in wanted.items()):
+            return runs[0], states
+        return None
+
+    child, states = wait_for(in_position, 180, "the jobs, a node and the replan deferred", cluster)
+    print(f"\n[e2e] triggerer: fault while the replan waits deferred and {states}")
+    t_fault = time.time()
+    cluster.kill("triggerer")
+    time.sleep(10)
+    cluster.restart("triggerer")
+    t_back = time.time()
+    assert cluster.wait_for_run(dag_id, root, timeout=RUN_TIMEOUT) == "success", cluster.diagnostics()
+    assert cluster.get_run(dag_id, child)["state"] == "success"
+    t_done = timestamp(cluster.get_run(dag_id, root)["end_date"])
+    report("triggerer", t_fault, t_back, first_finish_after(cluster, dag_id, [root, child], t_back), t_done)
+    result = cluster.session_result(dag_id, root)
+    assert result is not None and (result.status, result.reason) == ("completed", "goal_met"), result
+    assert node_states(cluster, dag_id, child) == dict.fromkeys(
+        ("ask", "j1", "j2", "after_j1", "later"), "success"
+    )
+    calls = check_once_each(log)
+    assert sorted(c["node"] for c in log.calls()) == ["after_j1", "ask", "j1", "j2", "later"]
+    assert len(calls) == 5
+
+
+def test_metadata_database_restarted_mid_session(deployment: Deployment) -> None:
+    def outage() -> None:
+        deployment.postgres.stop()  # every connection dropped
+        time.sleep(OUTAGE_SECONDS)
+        deployment.postgres.start()
+
+    run_waits_through(deployment, "database", outage)
+
+
+def test_broker_restarted_while_a_run_queues_its_nodes(deployment: Deployment) -> None:
+    def outage() -> None:
+        deployment.redis.stop()
+        time.sleep(OUTAGE_SECONDS)
+        deployment.redis.start()
+
+    run_waits_through(deployment, "broker", outage, position=planning)
