@@ -39,25 +39,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 
 from airflow_plan_provider.testing.scripted import CallLog  # noqa: E402
 from harness.cluster import AirflowCluster  # noqa: E402
+from harness.deploy import fault_settings  # noqa: E402
 from harness.postgres import PostgresDatabase  # noqa: E402
 from harness.servers import PostgresServer, RedisServer  # noqa: E402
 
 DAG_FILE = ROOT / "tests" / "e2e" / "dags" / "fault_dags.py"
 DAG_ID = "e2e_fault_soak"  # built by that file
 OUTAGE = 10.0
-SETTINGS = (
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX",
-    "AIRFLOW__CELERY__EXTRA_CELERY_CONFIG",
-    "AIRFLOW__CELERY__TASK_PUBLISH_MAX_RETRIES",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_PRE_PING",
-)
 
 
 def log(message: str) -> None:
@@ -210,12 +201,11 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-airflow-common"]["environment"]
     base = Path(tempfile.mkdtemp(prefix="plan-soak-"))
     dags = base / "dags"
     dags.mkdir()
     (dags / DAG_FILE.name).write_text(DAG_FILE.read_text())
-    env = {key: str(compose[key]) for key in SETTINGS} | {"PLAN_E2E_CALL_LOG": str(base / "calls")}
+    env = fault_settings() | {"PLAN_E2E_CALL_LOG": str(base / "calls")}
     with (
         PostgresServer() as postgres,
         RedisServer() as redis,

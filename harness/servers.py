@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 __all__ = ["PostgresServer", "RedisServer", "free_port"]
 
@@ -42,7 +43,40 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-class PostgresServer:
+class _Server:
+    """What both servers share: a restart, a close that also removes the folder, and use as a context."""
+
+    folder: Path
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """Stop and start again on the same port: every open connection is dropped."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server and remove its folder."""
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PostgresServer(_Server):
     """A throw-away PostgreSQL server: ``initdb`` in a temporary folder, ``pg_ctl`` to start and stop it.
 
     :param port: the port on 127.0.0.1; a free one if omitted.
@@ -98,29 +132,8 @@ class PostgresServer:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("-m", "fast", "-w", "-t", "60", "stop")
 
-    def restart(self) -> None:
-        """Stop and start again on the same port: every open connection is dropped."""
-        self.stop()
-        self.start()
 
-    def close(self) -> None:
-        """Stop the server and remove its folder."""
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class RedisServer:
+class RedisServer(_Server):
     """A throw-away ``redis-server`` in a temporary folder, with an append-only file.
 
     :param port: the port on 127.0.0.1; a free one if omitted.
@@ -176,22 +189,3 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-    def restart(self) -> None:
-        """Stop and start again on the same port, with the data it held."""
-        self.stop()
-        self.start()
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -15,7 +15,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,19 @@ def serve(cluster: AirflowCluster, dag_ids: Iterable[str], *, unpause: bool = Tr
         cluster.wait_for_dag(dag_id, timeout=180)
         if unpause:
             cluster.unpause(dag_id)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, cluster: AirflowCluster) -> Any:
+    """``predicate()``'s first true value, asked every 0.5 s for ``timeout`` seconds while every process
+    of ``cluster`` is alive; an AssertionError naming ``what``, with the cluster's diagnostics, if none."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout}s\n{cluster.diagnostics()}")
 
 
 @dataclass

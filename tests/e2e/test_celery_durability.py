@@ -27,7 +27,7 @@ from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowCluster
 from harness.logs import error_lines
-from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, demo_env
+from tests.e2e.conftest import CELERY_WORKERS, celery_cluster, demo_env, wait_for
 
 # slow tier: the only test of lost Celery workers (a Celery cluster of its own and 20 s heartbeat timeouts)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -60,17 +60,6 @@ def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index:
         if t["task_id"] == task_id and t["map_index"] == map_index
     ]
     return ti
-
-
-def wait_for(predicate: Any, timeout: float, what: str, cluster: AirflowCluster) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        cluster.check_alive()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout}s\n{cluster.diagnostics()}")
 
 
 def timestamp(value: str) -> float:

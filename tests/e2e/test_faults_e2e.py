@@ -19,18 +19,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from airflow_plan_provider.contract import PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.testing.scripted import CallLog
 from harness.cluster import AirflowCluster
+from harness.deploy import fault_settings
 from harness.logs import error_lines
 from harness.postgres import PostgresDatabase
 from harness.servers import PostgresServer, RedisServer
-from tests.e2e.conftest import CELERY_WORKERS, ROOT, demo_env, plan_cluster
+from tests.e2e.conftest import CELERY_WORKERS, demo_env, plan_cluster, wait_for
 
 # slow tier: a Celery cluster of its own, on servers of its own, and four sessions that wait out faults
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,20 +42,8 @@ RUN_TIMEOUT = 300.0
 WORK_SECONDS = 30
 #: how long the API server, the database and the broker stay away (the API server also takes its start-up)
 OUTAGE_SECONDS = 10
-#: The deployment's settings these faults need, read from docker-compose.yml (README, Deploy, faults): the
-#: heartbeat timeout, a task's retries of its calls to the API server, the
-#: scheduler's retries of a publish to the broker, the connection pool's pre-ping.
-DEPLOY_KEYS = (
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN",
-    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX",
-    "AIRFLOW__CELERY__EXTRA_CELERY_CONFIG",
-    "AIRFLOW__CELERY__TASK_PUBLISH_MAX_RETRIES",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_PRE_PING",
-)
-_COMPOSE_ENV = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-airflow-common"]["environment"]
-DEPLOY_SETTINGS = {key: str(_COMPOSE_ENV[key]) for key in DEPLOY_KEYS}
+#: The deployment's settings these faults need, as docker-compose.yml sets them (README, Deploy, Faults).
+DEPLOY_SETTINGS = fault_settings()
 
 
 @dataclass
@@ -96,17 +83,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 def timestamp(value: str | None) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else 0.0
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, cluster: AirflowCluster) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        cluster.check_alive()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout}s\n{cluster.diagnostics()}")
 
 
 def node_states(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, str]:
