@@ -6,6 +6,7 @@ own plan DAGs is :mod:`airflow_plan_provider.testing`.
   workers) as separate processes on a throw-away home, driven through the REST API;
 - :mod:`.sqlite`: what such a cluster sets on a SQLite metadata database (lock waits, API timeouts);
 - :mod:`.postgres`: a throw-away PostgreSQL database for a cluster;
+- :mod:`.deploy`: the deployment settings of ``docker-compose.yml`` the fault tests and the soak run use;
 - :mod:`.servers`: a PostgreSQL server and a Redis server of one's own, on free ports, that a test may
   stop and start again (the fault tests);
 - :mod:`.processes` and :mod:`.watchdog`: finding and stopping every process a cluster started, also
