@@ -25,6 +25,10 @@ reported apart. Then, in a fresh process holding what a LocalExecutor worker hol
 and the task runner's modules), the parse of ``dags/plan_and_execute.py``, of the bench plan DAG and of
 the static DAG file (medians of ``--repeat``).
 
+The cluster's processes keep Python's bytecode cache, as a deployment's do (``PYTHONDONTWRITEBYTECODE``
+cleared for them: with it set, every task process compiles the provider's modules from source again,
+about 100 ms of CPU per node task on this kind of machine); ``--no-bytecode-cache`` measures that case.
+
 Run::
 
     flock /work/logs/heavy.lock .venv/bin/python bench/node_tax.py [--db sqlite postgresql] [--repeat 3]
@@ -279,7 +283,12 @@ def measure(database: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     for dag_id, source in dags.items():
         bench.write_dag(dag_id, source)
-    env = {"PYTHONPATH": str(PROBE), "PLAN_BENCH_TAX_LOG": str(probe_log)}
+    env = {
+        "PYTHONPATH": str(PROBE),
+        "PLAN_BENCH_TAX_LOG": str(probe_log),
+        # Python reads PYTHONDONTWRITEBYTECODE as set when it is not empty
+        "PYTHONDONTWRITEBYTECODE": "" if args.bytecode_cache else "1",
+    }
     figures: dict[str, Any] = {"plan": [], "static": []}
     try:
         cluster = bench.start(parallelism=args.cap, dag_ids=list(dags), env=env)
@@ -405,6 +414,13 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=1.0, help="seconds each tool sleeps")
     parser.add_argument("--cap", type=int, default=16, help="LocalExecutor parallelism, DAG max_active_tasks")
     parser.add_argument("--no-parse-probe", dest="parse_probe", action="store_false")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        dest="bytecode_cache",
+        action="store_false",
+        help="run the cluster with PYTHONDONTWRITEBYTECODE=1: every task process compiles the provider's"
+        " source (and the DAG file) again, as no deployment does",
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--report", type=Path, help="print the tables of a --json file; run nothing")
     args = parser.parse_args()
@@ -414,7 +430,8 @@ def main() -> int:
         return 0
     header = [
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; LocalExecutor, parallelism {args.cap}; {args.nodes} nodes x"
-        f" {args.sleep:g} s; medians of {args.repeat}"
+        f" {args.sleep:g} s; medians of {args.repeat};"
+        f" bytecode cache {'on' if args.bytecode_cache else 'off (PYTHONDONTWRITEBYTECODE=1)'}"
     ]
     results: dict[str, Any] = {}
     for database in args.db:
