@@ -84,6 +84,7 @@ def load_figures(
         "busiest 10 s": max(busiest.values(), default=0) / 10,
         "busiest 10 s state reads": max(busiest_reads.values(), default=0) / 10,
         "per node": len(requests) / nodes,
+        "xcom bytes read per node": sum(r["received"] for r in requests if "/xcoms/" in r["path"]) / nodes,
         "api-server cpu per second": api_cpu / window,
         "kinds": dict(sorted(kinds.items())),
     }
@@ -142,7 +143,10 @@ def report(results: Mapping[str, Any], header: Sequence[str]) -> None:
                 f"{f['by triggerer']:>13}{f['api-server cpu per second']:>12.2f}"
             )
         for n, f in sizes.items():
-            print(f"  {n} nodes, requests by kind: {f['kinds']}")
+            print(
+                f"  {n} nodes: XCom bytes read per node {f['xcom bytes read per node']:.0f};"
+                f" requests by kind: {f['kinds']}"
+            )
 
 
 def main() -> int:
