@@ -31,7 +31,7 @@ about 100 ms of CPU per node task on this kind of machine); ``--no-bytecode-cach
 
 Run::
 
-    flock /work/logs/heavy.lock .venv/bin/python bench/node_tax.py [--db sqlite postgresql] [--repeat 3]
+    .venv/bin/python bench/node_tax.py [--db sqlite postgresql] [--repeat 3]
         [--nodes 8] [--sleep 1] [--cap 16] [--json tax.json]
 """
 

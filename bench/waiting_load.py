@@ -15,7 +15,7 @@ returned, the busiest 10 s, requests per node, and the API server's CPU seconds 
 
 Run::
 
-    flock /work/logs/heavy.lock .venv/bin/python bench/waiting_load.py [--db postgresql] [--nodes 60 500]
+    .venv/bin/python bench/waiting_load.py [--db postgresql] [--nodes 60 500]
         [--width 25] [--sleep 0.5] [--cap 16] [--json load.json]
 """
 
