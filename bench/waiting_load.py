@@ -7,11 +7,13 @@ plan DAG with the cap of the other benchmarks (LocalExecutor ``parallelism`` and
 ``--cap``). Most nodes spend the run waiting for their parents: in their slots (reading the states of
 their parents' instances) or deferred (their triggers read them, one shared read per poll interval).
 
-Every execution-API request of the run is counted by the probe of ``node_tax.py``
-(``bench/_taxprobe``): those of the node tasks' supervisors (their task process's requests) and those
-of the triggerer. Printed per width: requests per second over the run (first task start → last task
-end), the state reads among them (``GET task-instances/states``: the waiting) with the bytes they
-returned, the busiest 10 s, requests per node, and the API server's CPU seconds per second of run.
+Every execution-API request the run sends to the API server is counted by the probe of ``node_tax.py``
+(``bench/_taxprobe``): those of the node tasks' supervisors (their task process's requests). A
+triggerer serves the execution API in its own process in Airflow 3.3, so the triggers' reads reach the
+metadata database, not the API server (the ``by triggerer`` column counts any that would). Printed per
+width: requests per second over the run (first task start → last task end), the state reads among
+them (``GET task-instances/states``: the waiting) with the bytes they returned, the busiest 10 s,
+requests per node, XCom bytes read per node, and the API server's CPU seconds per second of run.
 
 Run::
 
