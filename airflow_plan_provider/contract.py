@@ -35,9 +35,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import RunContext, SessionState
@@ -161,7 +162,7 @@ def locations(plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str]) -> 
 # ------------------------------------------------------------------------------------ what tasks publish
 
 
-class PlanningErrorRecord(BaseModel):
+class PlanningErrorRecord(Model):
     """Why planning failed (XCom ``planning_error`` of ``plan``): what finalize reports and the plan view
     shows. ``message`` is the error's own text followed by its problem list (the first ones and a count
     of the rest)."""
@@ -173,7 +174,7 @@ class PlanningErrorRecord(BaseModel):
 ApprovalStatus = Literal["not_needed", "requested", "granted", "rejected"]
 
 
-class ApprovalRecord(BaseModel):
+class ApprovalRecord(Model):
     """What the approval task publishes (XCom ``approval``).
 
     ``not_needed``: nothing was asked (``approved_earlier`` names the risky nodes approved earlier in the
@@ -220,7 +221,7 @@ def approval_lets_nodes_run(value: Any) -> bool:
         return False
 
 
-class PollingRecord(BaseModel):
+class PollingRecord(Model):
     """A node's asynchronous job (XCom ``polling`` of the node's instance): what the job is, since when,
     and, once the node resumed, until when and how it ended; the node's record keeps the same under
     ``polling``. While the job runs the record also carries what the node needs when it resumes: the
@@ -239,7 +240,7 @@ class PollingRecord(BaseModel):
     events: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ReplanConf(BaseModel):
+class ReplanConf(Model):
     """The conf of the next revision's run (XCom ``replan_conf`` of ``finalize``): the goal, and the
     session so far as JSON (the planning task of that run verifies it against this XCom)."""
 

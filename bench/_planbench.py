@@ -363,12 +363,15 @@ class Bench:
     def write_dag(self, dag_id: str, source: str) -> None:
         (self.dags / f"{dag_id}.py").write_text(source)
 
-    def start(self, *, parallelism: int, dag_ids: Sequence[str]) -> AirflowCluster:
+    def start(
+        self, *, parallelism: int, dag_ids: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> AirflowCluster:
+        """Start the cluster (``env``: more environment for its processes) and unpause ``dag_ids``."""
         t0 = time.monotonic()
         url = None
         if self.database == "postgresql":
             url = self._stack.enter_context(PostgresDatabase(prefix="plan_bench")).url
-        env = {"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism)}
+        env = {"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism), **(env or {})}
         self.cluster = self._stack.enter_context(
             AirflowCluster(self.dags, env=env, parallelism=parallelism, startup_timeout=180, database_url=url)
         )

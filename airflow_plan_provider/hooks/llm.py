@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import openai
 from airflow.sdk import BaseHook
 
 from airflow_plan_provider.compat import mask_secret
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # openai is imported when a client is made, not when a DAG file names the planner
+    import openai
     from airflow.sdk.definitions.connection import Connection
 
 NO_KEY = "no-key"  # sent when neither the connection nor the environment holds a key
@@ -63,6 +63,8 @@ class LLMSettings:
     project: str | None = None
 
     def client(self, *, timeout: float = 60.0, max_retries: int = 2) -> openai.OpenAI:
+        import openai
+
         return openai.OpenAI(
             base_url=self.base_url,
             api_key=self.api_key,

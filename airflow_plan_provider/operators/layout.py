@@ -66,9 +66,13 @@ def pull_node_records(
     """Node id → the record it pushed (status, output, ...), for ``node_ids`` (default: every node of
     the run); a node whose task never reported is absent.
 
-    One XCom request per node task holding a wanted node: the task's records up to the highest wanted
-    map index, as one sequence slice (records are ordered by map index, and a task has at most one
-    record per index, so the first ``index + 1`` records hold every record at or below ``index``).
+    Per node task holding a wanted node: when the wanted nodes are the task's first instances (every
+    node, for finalize), one XCom request, the task's records up to the highest wanted map index as one
+    sequence slice (records are ordered by map index, and a task has at most one record per index, so
+    the first ``index + 1`` records hold every record at or below ``index``); otherwise one request per
+    wanted node (its instance's record): a slice would carry every record before the last wanted one, so
+    what a node reads would grow with the plan (in a 500-node plan a node read 360 KB of XCom, its
+    parents' records weigh a few KB).
     """
     wanted = None if node_ids is None else set(node_ids)
     records: dict[str, NodeRecord] = {}
@@ -76,11 +80,20 @@ def pull_node_records(
         indexes = [index for index, node in enumerate(nodes) if wanted is None or node in wanted]
         if not indexes:
             continue
-        for value in _pull_records(ti, task_id, stop=max(indexes) + 1):
+        if max(indexes) + 1 == len(indexes):
+            values = _pull_records(ti, task_id, stop=len(indexes))
+        else:
+            values = [_pull_record(ti, task_id, index) for index in indexes]
+        for value in values:
             node_id = value.get("node_id") if isinstance(value, dict) else None
             if node_id in nodes and (wanted is None or node_id in wanted):
                 records[node_id] = NodeRecord.model_validate(value)
     return records
+
+
+def _pull_record(ti: Any, task_id: str, index: int) -> Any:
+    """The node record of instance ``index`` of ``task_id`` in this run (None when it pushed none)."""
+    return ti.xcom_pull(task_ids=task_id_in(ti, task_id), key=NODE_KEY, map_indexes=index)
 
 
 def _pull_records(ti: Any, task_id: str, stop: int) -> list[Any]:

@@ -33,8 +33,9 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.model import Node, Plan
 
 ApprovalMode = Literal["risky", "always", "never"]
@@ -55,7 +56,7 @@ def approved_calls(plan: Plan, node_ids: Iterable[str]) -> dict[str, str]:
     return {node_id: call_digest(plan.node(node_id)) for node_id in node_ids}
 
 
-class Approval(BaseModel):
+class Approval(Model):
     """One answer to an approval request: which nodes were asked about, who could answer, who did, when.
 
     ``status`` is ``granted`` or ``rejected`` (a timeout is a rejection, with ``timed_out`` set and no

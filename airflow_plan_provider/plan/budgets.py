@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from airflow_plan_provider.plan.base_model import Model
 
 
-class Budgets(BaseModel):
+class Budgets(Model):
     """A session's budgets (immutable): the trigger form's defaults; a run's conf may set its own.
     A bad value is a ``ValueError`` (pydantic's ``ValidationError``) naming the field."""
 
@@ -15,7 +17,7 @@ class Budgets(BaseModel):
     max_replans: int = Field(default=3, ge=0, description="Replans of one goal.")
 
 
-class Usage(BaseModel):
+class Usage(Model):
     steps: int = 0
     replans: int = 0
     prompt_tokens: int = 0

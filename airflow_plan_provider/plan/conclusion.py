@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import make_event
 from airflow_plan_provider.plan.model import ValidatedPlan
@@ -26,7 +27,7 @@ BUDGETS: dict[str, Callable[[SessionState], tuple[str, int, int]]] = {
 }
 
 
-class Conclusion(BaseModel):
+class Conclusion(Model):
     """How a run ends: the goal is met, a replan is due, or the session gives up."""
 
     kind: Literal["done", "replan", "give_up"]

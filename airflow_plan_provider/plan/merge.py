@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from airflow_plan_provider.exceptions import PlanValidationError
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.graph import node_sort_key
 from airflow_plan_provider.plan.model import Node, Plan
 from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.plan.validate import parse_plan
 
 
-class PlanDiff(BaseModel):
+class PlanDiff(Model):
     """Node ids removed, added and revised (same id, different tool, params or action) by a revision."""
 
     removed: list[str] = Field(default_factory=list)

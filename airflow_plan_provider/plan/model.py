@@ -13,14 +13,15 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.graph import run_order
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 
 
-class Node(BaseModel):
+class Node(Model):
     """One step of a plan: a tool called with params."""
 
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
@@ -40,7 +41,7 @@ class Node(BaseModel):
     )
 
 
-class Edge(BaseModel):
+class Edge(Model):
     """``from`` must finish before ``to`` starts; an optional edge does not block ``to`` if ``from`` fails."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
@@ -50,7 +51,7 @@ class Edge(BaseModel):
     optional: bool = False
 
 
-class Plan(BaseModel):
+class Plan(Model):
     """A goal broken into nodes and the edges between them."""
 
     model_config = ConfigDict(extra="forbid")

@@ -6,9 +6,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.budgets import Usage
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.merge import PlanDiff
@@ -41,7 +42,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-class Event(BaseModel):
+class Event(Model):
     """One state change of a session (built by :func:`airflow_plan_provider.plan.events.make_event`)."""
 
     type: str  # see airflow_plan_provider.plan.events.EVENT_TYPES
@@ -54,7 +55,7 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class ArtifactRef(BaseModel):
+class ArtifactRef(Model):
     """A large output the provider stored in its artifact store: where, how many bytes, which sha256.
 
     Only this model, in a record's or a locked node's ``artifact`` field, is ever dereferenced; a tool
@@ -67,7 +68,7 @@ class ArtifactRef(BaseModel):
     summary: str = ""
 
 
-class NodeRecord(BaseModel):
+class NodeRecord(Model):
     """The outcome of one node in one revision: what its task pushes (XCom ``node``), and what the
     session's history keeps of it.
 
@@ -126,7 +127,7 @@ class NodeRecord(BaseModel):
         )
 
 
-class Revision(BaseModel):
+class Revision(Model):
     revision: int
     run_id: str
     reason: str
@@ -134,7 +135,7 @@ class Revision(BaseModel):
     diff: PlanDiff
 
 
-class ReplanInfo(BaseModel):
+class ReplanInfo(Model):
     """What a run that ended by replanning asked for, and where the session goes on.
 
     The session's outcome is the ``return_value`` XCom of this run's ``replan`` task (the root run's
@@ -150,7 +151,7 @@ class ReplanInfo(BaseModel):
     chain_result: str = "XCom return_value of task 'replan' in this run"
 
 
-class SessionResult(BaseModel):
+class SessionResult(Model):
     """What a run reports (XCom ``return_value`` of ``finalize``), or a whole chain (of ``replan``).
 
     ``status`` is ``completed`` or ``failed`` for a session's outcome, ``replanned`` for a run that

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.budgets import Budgets, Usage
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, in_order, make_event
@@ -47,7 +48,7 @@ from airflow_plan_provider.plan.result import (
 PlanSource = Literal["planner", "conf", "dag"]
 
 
-class LockedOutput(BaseModel):
+class LockedOutput(Model):
     """A node that succeeded earlier: its call, its output, and a summary.
 
     ``output`` is the tool's data as it returned it, never interpreted. When the output was too large for
@@ -63,7 +64,7 @@ class LockedOutput(BaseModel):
     summary: str = ""
 
 
-class SessionState(BaseModel):
+class SessionState(Model):
     """The session so far, as one run carries it (XCom ``session`` of ``plan``, and a replan run's conf).
 
     Changed only by the transitions of this module and :mod:`~airflow_plan_provider.plan.conclusion`,
@@ -128,7 +129,7 @@ class SessionState(BaseModel):
         )
 
 
-class RunContext(BaseModel):
+class RunContext(Model):
     """What a node task needs of the session (XCom ``run`` of ``plan``): a few identifiers, where the
     run's nodes are, the step budget, and which nodes are reused. A reused node's locked output is
     published on its own (one XCom per locked node), so no node reads the whole session.

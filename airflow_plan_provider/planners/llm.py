@@ -45,17 +45,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
-
-import openai
-from openai.types.chat import ChatCompletionMessageParam
-from openai.types.chat.completion_create_params import ResponseFormat
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.hooks.llm import LLMSettings, PlanLLMHook, mask_key, redact, resolve_api_key
 from airflow_plan_provider.planners.base import PlannerReply, PlanRequest
 from airflow_plan_provider.planners.llm_prompt import build_messages, wire_schema
 from airflow_plan_provider.planners.llm_reply import MalformedReply, read_completion
+
+if TYPE_CHECKING:  # the openai client (hundreds of modules) is imported when a plan is asked for, not
+    # by a DAG file that names the planner (every task of the DAG parses it)
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat.completion_create_params import ResponseFormat
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +213,11 @@ class LLMPlanner:
 
     # --- planning -----------------------------------------------------------------------------
     def plan(self, request: PlanRequest) -> PlannerReply:
+        import openai
+
         client, settings = self._connect()
         endpoint = str(client.base_url).rstrip("/")
-        messages = cast(list[ChatCompletionMessageParam], build_messages(request))
+        messages = cast("list[ChatCompletionMessageParam]", build_messages(request))
         deadline = time.monotonic() + self.planning_timeout
         kind = "repair" if request.problems else "replan" if request.is_replan else "plan"
         while True:
@@ -259,6 +263,8 @@ class LLMPlanner:
     ) -> tuple[bytes, str]:
         """Body and content type of one completion call's HTTP response (status 200: the client
         raises for any other, after its own retries); the body is read here, not by the client."""
+        import openai
+
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _DeadlineExceeded
@@ -307,6 +313,8 @@ class LLMPlanner:
         return PlanningError(message, reason=reason, usage=[error.usage] if error.usage else [])
 
     def _unavailable(self, error: BaseException, endpoint: str, settings: LLMSettings) -> PlanningError:
+        import openai
+
         retries = f"retried up to {self.max_retries} time(s)"
         if isinstance(error, _DeadlineExceeded):
             what = f"no answer within the planning timeout of {self.planning_timeout:g}s"

@@ -117,9 +117,11 @@ def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
 
 
-def test_a_node_reads_its_parents_records_in_one_xcom_request(tmp_path, monkeypatch):
-    """Node 5 has four parents, node 6 one, finalize reads all six: one request each (a slice of the
-    node task's records up to the highest map index wanted), never one per parent."""
+def test_a_node_reads_only_its_parents_records(tmp_path, monkeypatch):
+    """Node 5's four parents are the node task's first four instances: one request, a slice of four
+    records; node 6's one parent is instance 4: one request for its record alone, not a slice of the
+    five records before it (in a wide plan such slices made what a node reads grow with the plan);
+    finalize reads all six in one slice."""
     from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
 
     send = InProcessSupervisorComms.send
@@ -133,7 +135,7 @@ def test_a_node_reads_its_parents_records_in_one_xcom_request(tmp_path, monkeypa
     monkeypatch.setattr(InProcessSupervisorComms, "send", recording)
     run = run_plan_dag(build("seed_reads", CallLog(tmp_path), plan_=seed_plan()))
     assert str(run.state) == "success"
-    assert sorted(reads) == [("GetXComSequenceSlice", stop) for stop in (4, 5, 6)]
+    assert sorted(reads) == [("GetXCom", 4), ("GetXComSequenceSlice", 4), ("GetXComSequenceSlice", 6)]
 
 
 def test_max_nodes_beyond_what_airflow_maps_in_one_task_is_refused(tmp_path):
