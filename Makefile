@@ -17,6 +17,22 @@ endif
 OLDER_AIRFLOW_VERSIONS ?= 3.1.8 3.2.2
 # what test-inprocess runs: the tests that need no Airflow cluster
 INPROCESS_TESTS ?= tests/unit tests/airflow
+# what test-older-airflow runs on each (OLDER_AIRFLOW_TESTS="tests/unit tests/airflow" for all of it): the
+# unit tests but the pure core's slowest (they import no Airflow: slot simulator, property tests, the CLI's
+# local runs, mypy), the seed story with its replan chain, approval, a frozen plan, the plan view's data,
+# and every test of a feature that differs between Airflow versions (retry policy, planning's kept plan,
+# metrics, DAG serialization, the HITL events)
+OLDER_AIRFLOW_TESTS ?= tests/unit \
+	--deselect tests/unit/test_waiting_simulation.py --deselect tests/unit/test_core_properties.py \
+	--deselect tests/unit/test_cli.py --deselect tests/unit/test_cli_run.py \
+	--deselect tests/unit/test_public_surface.py::test_public_names_have_real_types_for_mypy \
+	tests/airflow/test_replan.py::test_seed_story_replans_node_5_and_reuses_the_rest \
+	tests/airflow/test_replan.py::test_two_replans_then_complete \
+	tests/airflow/test_approval.py tests/airflow/test_plan_view.py tests/airflow/test_triggers.py \
+	tests/airflow/test_freeze.py::test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning \
+	tests/airflow/test_control_retries.py::test_planning_lost_after_validating_reuses_its_plan \
+	tests/airflow/test_dag_run.py tests/airflow/test_events.py tests/airflow/test_dag_version.py \
+	tests/airflow/test_provider.py
 PY := $(VENV)/bin/python
 PORT ?= 8080
 
@@ -44,7 +60,8 @@ test-inprocess: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" --durations=10 $(INPROCESS_TESTS)
 
 test-older-airflow:
-	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do $(MAKE) test-inprocess AIRFLOW_VERSION=$$version; done
+	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
+		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts
