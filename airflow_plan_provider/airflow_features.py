@@ -138,15 +138,15 @@ def sdk_conf() -> Any:
 
 
 def stats() -> Any:
-    """Airflow's metrics client (``incr``, ``timing``): ``airflow.sdk.observability.stats`` (3.2+), else
-    ``airflow.stats.Stats``."""
+    """Airflow's metrics client (``incr``, ``timing``): the functions of ``airflow.sdk.observability.stats``
+    (3.3), that module's ``Stats`` (3.2), else ``airflow.stats.Stats``."""
     try:
         from airflow.sdk.observability import stats as sdk_stats
     except ImportError:
         from airflow.stats import Stats
 
         return Stats
-    return sdk_stats
+    return sdk_stats if hasattr(sdk_stats, "incr") else sdk_stats.Stats
 
 
 def dag_bag() -> tuple[Any, Any]:

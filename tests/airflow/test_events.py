@@ -149,6 +149,9 @@ def initialize_stats() -> None:
         type(Stats).factory = get_statsd_logger if conf.getboolean("metrics", "statsd_on") else NoStatsLogger
         type(Stats).instance = None
         return
+    if not hasattr(stats, "initialize"):  # Airflow 3.2: the module's Stats class
+        stats.Stats.initialize(factory=stats_utils.get_stats_factory(stats.Stats))
+        return
     stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
 
 
