@@ -31,7 +31,12 @@ OLDER_AIRFLOW_TESTS ?= tests/unit \
 	tests/airflow/test_approval.py tests/airflow/test_plan_view.py tests/airflow/test_triggers.py \
 	tests/airflow/test_freeze.py::test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning \
 	tests/airflow/test_control_retries.py::test_planning_lost_after_validating_reuses_its_plan \
-	tests/airflow/test_dag_run.py tests/airflow/test_events.py tests/airflow/test_dag_version.py \
+	tests/airflow/test_dag_run.py::test_seed_plan_completes \
+	tests/airflow/test_dag_run.py::test_transient_failure_is_retried_by_airflow \
+	tests/airflow/test_dag_run.py::test_the_node_tasks_retry_backoff_is_the_multiplier_where_airflow_takes_one \
+	tests/airflow/test_dag_run.py::test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_retry_policies \
+	tests/airflow/test_events.py::test_node_outcomes_durations_and_tokens_reach_statsd \
+	tests/airflow/test_dag_version.py::test_example_dags_serialize_the_same_in_two_processes \
 	tests/airflow/test_provider.py
 PY := $(VENV)/bin/python
 PORT ?= 8080
