@@ -147,7 +147,7 @@ def initialize_stats() -> None:
         from airflow.stats import Stats
 
         type(Stats).factory = get_statsd_logger if conf.getboolean("metrics", "statsd_on") else NoStatsLogger
-        type(Stats).instance = None
+        Stats.instance = None  # the client made on first use, kept on the class
         return
     if not hasattr(stats, "initialize"):  # Airflow 3.2: the module's Stats class
         stats.Stats.initialize(factory=stats_utils.get_stats_factory(stats.Stats))
