@@ -5,17 +5,50 @@
 # Each creates the virtual environment (.venv) on first use.
 PYTHON ?= python3
 VENV ?= .venv
+# Another supported Airflow release: `make test-inprocess AIRFLOW_VERSION=3.2.2` (or `make demo ...`) builds
+# .venv-3.2.2 with that Airflow, pinned by constraints/airflow-3.2.txt where that file exists, and runs there.
+AIRFLOW_VERSION ?=
+ifneq ($(AIRFLOW_VERSION),)
+VENV := .venv-$(AIRFLOW_VERSION)
+AIRFLOW_CONSTRAINTS := $(wildcard constraints/airflow-$(word 1,$(subst ., ,$(AIRFLOW_VERSION))).$(word 2,$(subst ., ,$(AIRFLOW_VERSION))).txt)
+AIRFLOW_PIN := 'apache-airflow==$(AIRFLOW_VERSION)' $(addprefix -c ,$(AIRFLOW_CONSTRAINTS))
+endif
+# the older releases CI runs the in-process suite on (the main suite runs on the newest, in .venv)
+OLDER_AIRFLOW_VERSIONS ?= 3.1.8 3.2.2
+# what test-inprocess runs: the tests that need no Airflow cluster
+INPROCESS_TESTS ?= tests/unit tests/airflow
+# what test-older-airflow runs on each (OLDER_AIRFLOW_TESTS="tests/unit tests/airflow" for all of it): the
+# unit tests but the pure core's slowest (they import no Airflow: slot simulator, property tests, the CLI's
+# local runs, mypy), the seed story with its replan chain, approval, a frozen plan, the plan view's data,
+# and every test of a feature that differs between Airflow versions (retry policy, planning's kept plan,
+# metrics, DAG serialization, the HITL events)
+OLDER_AIRFLOW_TESTS ?= tests/unit \
+	--deselect tests/unit/test_waiting_simulation.py --deselect tests/unit/test_core_properties.py \
+	--deselect tests/unit/test_cli.py --deselect tests/unit/test_cli_run.py \
+	--deselect tests/unit/test_public_surface.py::test_public_names_have_real_types_for_mypy \
+	tests/airflow/test_replan.py::test_seed_story_replans_node_5_and_reuses_the_rest \
+	tests/airflow/test_replan.py::test_two_replans_then_complete \
+	tests/airflow/test_approval.py tests/airflow/test_plan_view.py tests/airflow/test_triggers.py \
+	tests/airflow/test_freeze.py::test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning \
+	tests/airflow/test_control_retries.py::test_planning_lost_after_validating_reuses_its_plan \
+	tests/airflow/test_dag_run.py::test_seed_plan_completes \
+	tests/airflow/test_dag_run.py::test_transient_failure_is_retried_by_airflow \
+	tests/airflow/test_dag_run.py::test_the_node_tasks_retry_backoff_is_the_multiplier_where_airflow_takes_one \
+	tests/airflow/test_dag_run.py::test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_retry_policies \
+	tests/airflow/test_events.py::test_node_outcomes_durations_and_tokens_reach_statsd \
+	tests/airflow/test_dag_version.py::test_example_dags_serialize_the_same_in_two_processes \
+	tests/airflow/test_provider.py
 PY := $(VENV)/bin/python
 PORT ?= 8080
 # pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow lint bench airflow
+.PHONY: demo test test-slow lint bench airflow test-inprocess test-older-airflow
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(AIRFLOW_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' $(AIRFLOW_PIN)
 	touch $@
 
 demo: $(VENV)/.installed
@@ -28,7 +61,14 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest -q -m slow --durations=10
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
+
+test-inprocess: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10 $(INPROCESS_TESTS)
+
+test-older-airflow:
+	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
+		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts

@@ -4,12 +4,19 @@ Public names are loaded lazily, so provider discovery and the pure plan core sta
 import Airflow unless an Airflow-facing name is used. The ``TYPE_CHECKING`` imports below name the same
 objects for type checkers, which do not follow ``__getattr__``: every name in ``_EXPORTS`` is imported
 there too (tests/unit/test_public_surface.py keeps the two lists equal).
+
+An Airflow older than the oldest supported one is refused on import, with one line naming the minimum
+(:func:`~airflow_plan_provider.airflow_features.require_supported_airflow`; Airflow is not imported).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from airflow_plan_provider.airflow_features import require_supported_airflow
+
+require_supported_airflow()
 
 if TYPE_CHECKING:
     from airflow_plan_provider.dag_factory import PlanTaskGroup, build_plan_dag, plan_task_group

@@ -8,7 +8,8 @@ Kubernetes) and the default local folder, :func:`local_store_warning` says so. U
     outputs/<sha256 of the key>/<sha256 of the content>.json   a large output (JSON)
     checkpoints/<sha256 of the key>.json                       {"key", "record", "sha256"}
 
-where the key is the node's idempotency key. Names are hashes of the key, so two keys never share a
+where the key is the node's idempotency key (or, for :class:`TaskStateCheckpoints`, a task instance's
+value's key). Names are hashes of the key, so two keys never share a
 file, whatever characters their run ids or node ids hold.
 
 A stored output is known by an :class:`ArtifactRef` (uri, size, sha256, summary) kept in its own field of
@@ -269,3 +270,25 @@ def _verify_checkpoint(key: str, data: bytes) -> dict[str, Any] | str:
     if content.get("sha256") != _checkpoint_digest(key, content["record"]):
         return "content does not match its sha256"
     return dict(content["record"])
+
+
+class TaskStateCheckpoints:
+    """One task instance's values kept across its tries, as checkpoints in the artifact store: the
+    ``get`` / ``set`` of Airflow's task state store, where Airflow has none (before 3.3).
+
+    ``scope`` names the task instance (DAG, run, task, map index); each value is the checkpoint of
+    ``scope`` and its own key, verified on read like any checkpoint (a missing or altered one is None).
+    """
+
+    def __init__(self, scope: str, base_url: str | None = None) -> None:
+        self.scope = scope
+        self.base_url = base_url
+
+    def _key(self, key: str) -> str:
+        return json.dumps(["task_state", self.scope, key])
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return load_checkpoint(self._key(key), self.base_url)
+
+    def set(self, key: str, value: dict[str, Any]) -> None:
+        save_checkpoint(self._key(key), value, self.base_url)

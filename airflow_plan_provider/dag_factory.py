@@ -39,6 +39,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule
 
+from airflow_plan_provider import airflow_features
 from airflow_plan_provider.artifacts import local_store_warning
 from airflow_plan_provider.contract import (
     APPROVE_TASK,
@@ -54,7 +55,6 @@ from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import NODE_LABEL, PlanNodeOperator
 from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
-from airflow_plan_provider.operators.retry import ToolRetryPolicy
 from airflow_plan_provider.operators.select import LaneSelectOperator
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
@@ -253,11 +253,11 @@ class _PlanTasks:
         control = {**self.operator_args, **self.control}
         node_kwargs: dict[str, Any] = {
             **self.operator_args,
-            **self.execution.task_kwargs(),
+            **node_execution_kwargs(self.execution),
             **self.artifacts.task_kwargs(),
             "tools": self.tools,
             "map_index_template": MAP_INDEX_TEMPLATE,
-            "retry_policy": ToolRetryPolicy(),
+            **node_retry_policy(),
         }
         lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
         for lane, tool in self.lanes.items():
@@ -518,14 +518,32 @@ def _check_store(artifact_store: str | None) -> None:
 
 def _check_map_length(max_nodes: int) -> None:
     """Every node of a plan may be an instance of the one node task: Airflow must be able to map them."""
-    from airflow.sdk.configuration import conf
-
-    longest = conf.getint("core", "max_map_length")
+    longest = airflow_features.sdk_conf().getint("core", "max_map_length")
     if max_nodes > longest:
         raise ValueError(
             f"Limits.max_nodes={max_nodes} is more than Airflow maps in one task "
             f"([core] max_map_length={longest})"
         )
+
+
+def node_execution_kwargs(execution: NodeExecution) -> dict[str, Any]:
+    """The node tasks' arguments from ``execution``, in the running Airflow's terms: before Airflow 3.2,
+    ``retry_exponential_backoff`` is a switch (any multiplier but 0 doubles each delay)."""
+    kwargs = execution.task_kwargs()
+    if not airflow_features.retry_backoff_multiplier():
+        kwargs["retry_exponential_backoff"] = bool(kwargs["retry_exponential_backoff"])
+    return kwargs
+
+
+def node_retry_policy() -> dict[str, Any]:
+    """The node tasks' ``retry_policy`` keyword, where Airflow has retry policies: a rate-limited tool is
+    retried after the delay it asked for. Without them (Airflow before 3.3), nothing: every retry waits
+    the task's ``retry_delay``."""
+    if not airflow_features.retry_policies():
+        return {}
+    from airflow_plan_provider.operators.retry import ToolRetryPolicy
+
+    return {"retry_policy": ToolRetryPolicy()}
 
 
 def _tools_spec(tools: ToolRegistry | Mapping[str, Tool] | str | None) -> ToolRegistry | str:

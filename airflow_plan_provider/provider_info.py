@@ -48,7 +48,8 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_plan_provider.hooks.llm.PlanLLMHook",
                 "connection-type": "plan_llm",
                 "hook-name": "Plan LLM (OpenAI-compatible)",
-                # Airflow 3.3's connection form reads these from here, without importing the hook
+                # Airflow 3.2+'s connection form reads these from here, without importing the hook (3.1
+                # asks the hook's get_ui_field_behaviour)
                 "ui-field-behaviour": LLM_FIELD_BEHAVIOUR,
                 "conn-fields": LLM_CONN_FIELDS,
             }

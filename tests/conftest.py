@@ -39,6 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     a whole module, so a module's fixtures (an Airflow cluster, a seed session) are set up once, and the
     modules that start Airflow processes go first: they are the longest, and the in-process tests fill
     the other worker meanwhile. (Each worker that runs a module on the session-wide example cluster
-    starts one of its own; the Celery module is the only one of ``make test`` on the shared broker.)"""
+    starts one of its own; each worker's Celery clusters have a broker database of their own.)"""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)  # stable: modules stay whole

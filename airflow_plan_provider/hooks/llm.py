@@ -10,7 +10,9 @@ Connection fields (conn type ``plan_llm``, default conn id ``plan_llm_default``)
 
 The connection form's labels, hidden fields, placeholders and the Model / Organization / Project
 fields are declared in the provider info (``ui-field-behaviour`` and ``conn-fields`` of the
-``plan_llm`` connection type), where Airflow 3.3 reads them without importing this hook.
+``plan_llm`` connection type), where Airflow 3.2 and later read them without importing this hook;
+Airflow 3.1 asks :meth:`PlanLLMHook.get_ui_field_behaviour` (no Model / Organization / Project fields
+there: they are keys of the Extra JSON).
 
 The key is registered with Airflow's secrets masker as soon as it is read (:func:`mask_key`), so task
 logs hide it; every message built from what the endpoint sent goes through :func:`redact` as well,
@@ -179,6 +181,15 @@ class PlanLLMHook(BaseHook):
         self.timeout = timeout
         self.max_retries = max_retries
         self._client: openai.OpenAI | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The connection form's labels, hidden fields and placeholders, for an Airflow that asks the hook
+        (3.1); later ones read the same from the provider info, with the Model / Organization / Project
+        fields (on 3.1 those are keys of the Extra JSON)."""
+        from airflow_plan_provider.provider_info import LLM_FIELD_BEHAVIOUR
+
+        return LLM_FIELD_BEHAVIOUR
 
     @cached_property
     def settings(self) -> LLMSettings:

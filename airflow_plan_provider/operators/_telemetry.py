@@ -46,7 +46,9 @@ def emit(log: Any, event: Event) -> None:
 
 def record_metrics(event: Event) -> None:
     """The Stats metrics of one event (see the module docstring)."""
-    from airflow.sdk.observability import stats
+    from airflow_plan_provider.airflow_features import stats as airflow_stats
+
+    stats = airflow_stats()
 
     data = event.data
     tags: dict[str, Any] = {"dag_id": event.dag_id}
@@ -72,9 +74,9 @@ def record_metrics(event: Event) -> None:
 
 def tracing_on() -> bool:
     """Whether Airflow's OpenTelemetry tracing is on (``[traces] otel_on``)."""
-    from airflow.sdk.configuration import conf
+    from airflow_plan_provider.airflow_features import sdk_conf
 
-    return bool(conf.getboolean("traces", "otel_on", fallback=False))
+    return bool(sdk_conf().getboolean("traces", "otel_on", fallback=False))
 
 
 @contextmanager

@@ -23,8 +23,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.airflow_features import AirflowFailException, AirflowSkipException
 from airflow_plan_provider.contract import APPROVAL_KEY, APPROVE_TASK, ApprovalRecord
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators.layout import pull_plan, pull_session, task_id_in

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.bases.skipmixin import SkipMixin
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_plan_provider.airflow_features import AirflowFailException, SkipMixin
 from airflow_plan_provider.contract import (
     PLAN_TASK,
     PLANNING_ERROR_KEY,

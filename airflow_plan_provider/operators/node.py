@@ -9,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from airflow_plan_provider import artifacts
+from airflow_plan_provider.airflow_features import (
+    AirflowFailException,
+    AirflowRescheduleException,
+    AirflowSkipException,
+)
 from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, node_label
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span

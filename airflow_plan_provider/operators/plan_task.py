@@ -7,7 +7,8 @@ only when it can prove the conf came from this DAG's own replan task
 The task is retried when its worker is lost. A retry plans again: it repeats the conf checks and asks
 the planner again (an LLM planner is called again), unless an earlier try of this task already had a
 plan validated: that plan's reply, kept in Airflow's task state store, is validated again and reused,
-so the tokens are not spent twice and the run goes on with the plan the first try logged.
+so the tokens are not spent twice and the run goes on with the plan the first try logged. (Where Airflow
+has no task state store, before 3.3, the reply is kept as a checkpoint in the DAG's artifact store.)
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_plan_provider import artifacts
+from airflow_plan_provider import airflow_features, artifacts
+from airflow_plan_provider.airflow_features import AirflowFailException
 from airflow_plan_provider.contract import (
     NODES_TASK,
     PLAN_KEY,
@@ -171,7 +172,7 @@ class PlanOperator(BaseOperator):
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
                 source, outcome = self._plan(
-                    state, params, planner_conf, tools, context.get("task_state_store"), dag_plan
+                    state, params, planner_conf, tools, self._reply_store(context), dag_plan
                 )
         except PlanningError as error:
             self._fail(ti, state, error)
@@ -348,10 +349,17 @@ class PlanOperator(BaseOperator):
             self._keep(store, accepted[-1], outcome)
         return outcome
 
+    def _reply_store(self, context: Context) -> Any:
+        """Where a try keeps the reply it had validated for later tries of this task instance: Airflow's
+        task state store, or where Airflow has none, checkpoints in the DAG's artifact store."""
+        if airflow_features.task_state_store():
+            return context.get("task_state_store")
+        ti = context["ti"]
+        scope = json.dumps([ti.dag_id, ti.run_id, ti.task_id, ti.map_index])
+        return artifacts.TaskStateCheckpoints(scope, self.artifact_store)
+
     def _keep(self, store: Any, reply: Any, outcome: PlanningOutcome) -> None:
         """Keep an accepted reply for this task's retries (skipped when it is too large to keep)."""
-        from airflow.sdk import conf
-
         if isinstance(reply, Plan):
             reply = reply.to_json_dict()
         value = {
@@ -365,7 +373,7 @@ class PlanOperator(BaseOperator):
         except (TypeError, ValueError):
             self.log.info("the accepted plan is not JSON; a retry of this task asks the planner again")
             return
-        limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
+        limit = airflow_features.sdk_conf().getint("state_store", "max_value_storage_bytes", fallback=65535)
         if 0 < limit < size:
             self.log.info(
                 "the accepted plan (%s bytes) exceeds [state_store] max_value_storage_bytes (%s); "

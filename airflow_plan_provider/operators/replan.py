@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID, TriggerDagRunOperator
 from airflow.providers.standard.triggers.external_task import DagStateTrigger
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_plan_provider.airflow_features import AirflowFailException, AirflowSkipException
 from airflow_plan_provider.contract import (
     FINALIZE_TASK,
     REPLAN_CONF_KEY,

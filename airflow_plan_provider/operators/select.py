@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_plan_provider.airflow_features import AirflowSkipException
 from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, node_tasks
 from airflow_plan_provider.operators.layout import pull_plan, pull_run_context, task_id_in
 

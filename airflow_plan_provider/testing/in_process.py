@@ -191,8 +191,10 @@ def node_states(dag_id: str, run_id: str, group: str | None = None) -> dict[str,
 def _write_to_db(dag: DAG) -> None:
     """Serialise ``dag`` to the metadata database (a DAG built inside a test is in no bundle)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
+    from airflow_plan_provider.airflow_features import dag_bag
+
+    DagBag, sync_bag_to_db = dag_bag()
     DagBundlesManager().sync_bundles_to_db()
     bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
     bag.bag_dag(dag)

@@ -197,6 +197,13 @@ def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
 
 
 def task_state(dag_run: Any, task_id: str, key: str) -> Any:
+    """What the task instance kept under ``key`` for its later tries: in Airflow's task state store, or
+    where Airflow has none (before 3.3), in its checkpoint in the artifact store."""
+    from airflow_plan_provider import airflow_features, artifacts
+
+    if not airflow_features.task_state_store():
+        scope = json.dumps([dag_run.dag_id, dag_run.run_id, task_id, -1])
+        return artifacts.TaskStateCheckpoints(scope).get(key)
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session
 

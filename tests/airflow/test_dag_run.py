@@ -105,13 +105,36 @@ def test_invalid_plan_fails_planning_and_runs_nothing(tmp_path):
     assert result["reason"] == "invalid_plan" and "cycle" in result["message"]
 
 
-def test_retry_policy_waits_as_long_as_a_rate_limited_tool_asks():
+def test_the_node_tasks_retry_backoff_is_the_multiplier_where_airflow_takes_one(tmp_path):
+    from airflow_plan_provider import airflow_features
+
+    for multiplier, switch in ((3.0, True), (0, False)):
+        execution = NodeExecution(retries=3, retry_exponential_backoff=multiplier)
+        node_task = build(f"backoff_{switch}", CallLog(tmp_path), execution=execution).get_task(NODES_TASK)
+        backoff = node_task.partial_kwargs["retry_exponential_backoff"]
+        if airflow_features.retry_backoff_multiplier():
+            assert backoff == multiplier and not isinstance(backoff, bool)
+        else:  # Airflow 3.1: a switch; on, each retry waits twice as long as the one before
+            assert backoff is switch
+
+
+def test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_retry_policies(tmp_path):
+    from airflow_plan_provider import airflow_features
+
+    execution = NodeExecution(retries=3, retry_delay=timedelta(seconds=7))
+    node_task = build("retry_policy", CallLog(tmp_path), execution=execution).get_task(NODES_TASK)
+    assert node_task.partial_kwargs["retry_delay"] == timedelta(seconds=7)
+    if not airflow_features.retry_policies():
+        # Airflow before 3.3: no policy; a rate-limited node waits the task's retry_delay like any retry
+        assert node_task.partial_kwargs.get("retry_policy") is None
+        return
     from airflow.sdk import RetryAction
 
     from airflow_plan_provider.exceptions import TransientToolError
     from airflow_plan_provider.operators.retry import ToolRetryPolicy
 
-    policy = ToolRetryPolicy()
+    policy = node_task.partial_kwargs["retry_policy"]
+    assert isinstance(policy, ToolRetryPolicy)
     limited = policy.evaluate(TransientToolError("429 Too Many Requests", retry_after=42), 1, 3)
     assert limited.action is RetryAction.RETRY and limited.retry_delay == timedelta(seconds=42)
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT

@@ -21,9 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # serialization and the hash that decides whether a new DAG version is written.
 PARSE_AND_SERIALIZE = """
 import json, sys
-from airflow.dag_processing.dagbag import DagBag
-from airflow.serialization.serialized_objects import DagSerialization, LazyDeserializedDAG
+from airflow_plan_provider.airflow_features import dag_bag
+from airflow.serialization import serialized_objects
+from airflow.serialization.serialized_objects import LazyDeserializedDAG
 
+DagBag, _ = dag_bag()
+# DagSerialization since Airflow 3.2, SerializedDAG before
+DagSerialization = getattr(serialized_objects, "DagSerialization", serialized_objects.SerializedDAG)
 bag = DagBag(dag_folder=sys.argv[1])
 if bag.import_errors:
     raise SystemExit(f"import errors: {bag.import_errors}")

@@ -119,9 +119,6 @@ def test_one_event_per_state_change_in_order_with_identifiers(tmp_path, capfd):
 def statsd_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
     """A UDP socket on 127.0.0.1 that Airflow's StatsD client sends to, as a task process would set it
     up (``[metrics] statsd_on``, host, port; the task runner initialises Stats the same way)."""
-    from airflow.sdk.observability import stats
-    from airflow.sdk.observability.metrics import stats_utils
-
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     listener.bind(("127.0.0.1", 0))
     listener.settimeout(0.2)
@@ -129,13 +126,33 @@ def statsd_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.getsockname()[1]))
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
-    stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+    initialize_stats()
     try:
         yield listener
     finally:
         monkeypatch.delenv("AIRFLOW__METRICS__STATSD_ON")
-        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        initialize_stats()
         listener.close()
+
+
+def initialize_stats() -> None:
+    """Set Airflow's metrics client up again from ``[metrics]``, as a task process does."""
+    try:
+        from airflow.sdk.observability import stats
+        from airflow.sdk.observability.metrics import stats_utils
+    except ImportError:  # Airflow 3.1: the client's factory is chosen from the settings once, kept
+        from airflow.configuration import conf
+        from airflow.metrics.base_stats_logger import NoStatsLogger
+        from airflow.metrics.statsd_logger import get_statsd_logger
+        from airflow.stats import Stats
+
+        type(Stats).factory = get_statsd_logger if conf.getboolean("metrics", "statsd_on") else NoStatsLogger
+        Stats.instance = None  # the client made on first use, kept on the class
+        return
+    if not hasattr(stats, "initialize"):  # Airflow 3.2: the module's Stats class
+        stats.Stats.initialize(factory=stats_utils.get_stats_factory(stats.Stats))
+        return
+    stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
 
 
 def received(listener: socket.socket) -> list[str]:

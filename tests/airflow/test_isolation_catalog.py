@@ -109,7 +109,9 @@ def test_installed_registries_are_offered_only_when_named(tmp_path: Path) -> Non
 
 @pytest.mark.airflow
 def test_example_dag_names_the_demo_registry() -> None:
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_plan_provider.airflow_features import dag_bag
+
+    DagBag, _ = dag_bag()
 
     from plan_demo.tools import registry
 

@@ -44,7 +44,9 @@ def test_airflow_lists_the_provider():
 
 @pytest.mark.airflow
 def test_example_dags_import_without_errors():
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_plan_provider.airflow_features import dag_bag
+
+    DagBag, _ = dag_bag()
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}

@@ -443,8 +443,7 @@ def test_approval_events_the_hitl_trigger_cannot_send_are_rejected(event: Any, m
     [None, ("path", {"run_ids": []}), ("path", {"run_ids": ["r2"], "r2": None})],
 )
 def test_replan_task_fails_at_once_on_an_event_without_its_run(event: Any) -> None:
-    from airflow.sdk.exceptions import AirflowFailException
-
+    from airflow_plan_provider.airflow_features import AirflowFailException
     from airflow_plan_provider.operators.replan import ReplanOperator
 
     operator = ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id="plan")
@@ -457,8 +456,7 @@ def test_replan_task_fails_at_once_on_an_event_without_its_run(event: Any) -> No
     [None, {"chosen_options": "Approve"}, {"error": "lost", "error_type": "crash"}],
 )
 def test_approval_task_fails_at_once_on_an_event_the_hitl_trigger_cannot_send(event: Any) -> None:
-    from airflow.sdk.exceptions import AirflowFailException
-
+    from airflow_plan_provider.airflow_features import AirflowFailException
     from airflow_plan_provider.operators.approval import PlanApprovalOperator
 
     operator = PlanApprovalOperator(task_id=APPROVE_TASK)

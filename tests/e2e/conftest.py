@@ -33,7 +33,17 @@ EXAMPLE_FILES = (ROOT / "dags" / "plan_and_execute.py", ROOT / "dags" / "plan_de
 #: The DAG files written for these tests.
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
 CELERY_WORKERS = ("worker-a", "worker-b")
-CELERY_BROKER = "redis://127.0.0.1:6379/5"
+
+
+def _broker_database() -> int:
+    """The local Redis database this test process's Celery clusters use as broker: one per pytest-xdist
+    worker, so two Celery modules running at once never take each other's tasks (database 6 is the load
+    test's gauge)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    return 5 if worker == 0 else 6 + worker
+
+
+CELERY_BROKER = f"redis://127.0.0.1:6379/{_broker_database()}"
 
 
 def _reachable(port: int) -> bool:

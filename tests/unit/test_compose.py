@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -190,6 +191,11 @@ def test_every_airflow_option_set_is_a_real_option() -> None:
 
     conf.load_providers_configuration()  # the celery provider's section
     options = conf.configuration_description
+    if "celery" not in options:  # Airflow 3.1 keeps the providers' sections apart
+        from airflow.providers_manager import ProvidersManager
+
+        for sections in ProvidersManager().provider_configs:
+            options = {**sections[1], **options}
     for name in AIRFLOW:
         for key in env(name):
             if not key.startswith("AIRFLOW__"):
@@ -262,7 +268,13 @@ def test_the_dockerfile_installs_this_project_on_the_tested_airflow_image() -> N
         req for req in map(Requirement, pyproject["project"]["dependencies"]) if req.name == "apache-airflow"
     ]
     assert tag in airflow.specifier, (tag, str(airflow.specifier))
-    assert tag == version("apache-airflow"), "the image's Airflow should be the one the tests run on"
+    # the image's Airflow is the newest the tests run on (the main suite's; the older releases' tier
+    # runs the same tests on older ones)
+    running = Version(version("apache-airflow"))
+    if Version(tag).release[:2] == running.release[:2]:
+        assert tag == str(running), "the image's Airflow should be the one the tests run on"
+    else:
+        assert Version(tag) > running, (tag, str(running))
 
     copied: dict[str, Path] = {}  # source → destination folder
     for copy in (shlex.split(i)[1:] for i in instructions if i.startswith("COPY")):
