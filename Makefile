@@ -43,7 +43,7 @@ PORT ?= 8080
 # pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow lint bench airflow test-inprocess test-older-airflow
+.PHONY: demo test test-slow lint bench airflow test-inprocess test-older-airflow older-airflow-venvs
 
 $(VENV)/.installed: pyproject.toml $(AIRFLOW_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -66,9 +66,14 @@ test-slow: $(VENV)/.installed
 test-inprocess: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10 $(INPROCESS_TESTS)
 
-test-older-airflow:
+test-older-airflow: older-airflow-venvs
 	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
 		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
+
+# the older releases' virtual environments alone (CI builds them while the main suite runs)
+older-airflow-venvs:
+	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
+		$(MAKE) .venv-$$version/.installed AIRFLOW_VERSION=$$version; done
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts
