@@ -95,6 +95,35 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def run_each_database(
+    args: argparse.Namespace,
+    header: list[str],
+    measure: Callable[[str, argparse.Namespace], dict[str, Any]],
+    report: Callable[[dict[str, Any], list[str]], None],
+) -> int:
+    """The body of a one-cluster-per-database script: with ``--report FILE``, print a saved ``--json``
+    file's tables and run nothing; else ``measure`` each of ``args.db`` (the load average noted before and
+    after in ``header``, the figures saved to ``--json`` after each), print the tables, and return 1 if a
+    database could not be measured."""
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        report(saved["results"], saved["header"])
+        return 0
+    results: dict[str, Any] = {}
+    for database in args.db:
+        before = load_note()
+        try:
+            results[database] = measure(database, args)
+        except Exception as error:
+            log(f"{database}: not measured: {error!r}")
+            results[database] = {"error": repr(error)[:500]}
+        header.append(f"{database}: {before} before, {load_note()} after")
+        if args.json:
+            args.json.write_text(json.dumps({"results": results, "header": header}, default=str))
+    report(results, header)
+    return 0 if not any("error" in r for r in results.values()) else 1
+
+
 def peak_overlap(intervals: Iterable[tuple[float, float]]) -> int:
     """The most intervals open at one moment (an end and a start at the same instant do not overlap)."""
     points = sorted(p for start, end in intervals for p in ((start, 1), (end, -1)))

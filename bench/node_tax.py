@@ -59,11 +59,11 @@ from _planbench import (
     WARM_UP_SECONDS,
     Bench,
     Run,
-    load_note,
     log,
     median,
     plan_dag_source,
     repeat_runs,
+    run_each_database,
     static_dag_source,
     warm_up_plan,
     work_plan,
@@ -424,28 +424,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--report", type=Path, help="print the tables of a --json file; run nothing")
     args = parser.parse_args()
-    if args.report:
-        saved = json.loads(args.report.read_text())
-        report(saved["results"], saved["header"])
-        return 0
     header = [
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; LocalExecutor, parallelism {args.cap}; {args.nodes} nodes x"
         f" {args.sleep:g} s; medians of {args.repeat};"
         f" bytecode cache {'on' if args.bytecode_cache else 'off (PYTHONDONTWRITEBYTECODE=1)'}"
     ]
-    results: dict[str, Any] = {}
-    for database in args.db:
-        before = load_note()
-        try:
-            results[database] = measure(database, args)
-        except Exception as error:
-            log(f"{database}: not measured: {error!r}")
-            results[database] = {"error": repr(error)[:500]}
-        header.append(f"{database}: {before} before, {load_note()} after")
-        if args.json:
-            args.json.write_text(json.dumps({"results": results, "header": header}, default=str))
-    report(results, header)
-    return 0 if not any("error" in r for r in results.values()) else 1
+    return run_each_database(args, header, measure, report)
 
 
 if __name__ == "__main__":
