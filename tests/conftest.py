@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 
 def _settings(home: str) -> dict[str, str]:
@@ -34,11 +36,29 @@ for _name, _value in _settings(_HOME).items():
 os.environ["PLAN_TESTS_HOME"] = _HOME
 
 
+#: The modules that run on the session's shared cluster (``example_cluster`` in tests/e2e/conftest.py,
+#: which refuses a module not listed here): one pytest-xdist work unit, so one worker starts that cluster
+#: and runs them back to back, and stops it after their last test.
+SHARED_CLUSTER_MODULES = ("tests/e2e/test_llm_plan.py", "tests/e2e/test_plan_runs.py")
+
+
+class _SharedClusterScheduling(LoadFileScheduling):
+    """``--dist loadfile``, but the modules of :data:`SHARED_CLUSTER_MODULES` are one unit of work."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return "example_cluster" if module in SHARED_CLUSTER_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    return _SharedClusterScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``) a worker runs
     a whole module, so a module's fixtures (an Airflow cluster, a seed session) are set up once, and the
     modules that start Airflow processes go first: they are the longest, and the in-process tests fill
-    the other worker meanwhile. (Each worker that runs a module on the session-wide example cluster
-    starts one of its own; each worker's Celery clusters have a broker database of their own.)"""
+    the other worker meanwhile. (The modules on the session-wide example cluster are one unit of work;
+    each worker's Celery clusters have a broker database of their own.)"""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)  # stable: modules stay whole

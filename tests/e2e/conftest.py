@@ -25,6 +25,7 @@ import pytest
 from airflow_plan_provider.testing.openai_server import OpenAITestServer
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
+from tests.conftest import SHARED_CLUSTER_MODULES
 from tests.e2e.keys import LLM_API_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,23 +138,48 @@ class SharedCluster:
         return self.base / "reports"
 
 
+#: the running shared cluster's exit stack, closed after the last test that uses it (see below)
+_SHARED_CLUSTER = contextlib.ExitStack()
+
+
 @pytest.fixture(scope="session")
 def example_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
     """One cluster for the test session, serving the example DAGs and every DAG under ``tests/e2e/dags``,
     with ``demo_env`` and a ``plan_llm_default`` connection to a scripted OpenAI-compatible server. A
     module that uses it waits for its own DAGs with :func:`serve`, and reads only its own DAGs' runs,
-    call logs and reports."""
+    call logs and reports. It stops after the last test that uses it (``pytest_runtest_teardown``), so its
+    processes do not take the CPU of the tests that come after."""
     base = tmp_path_factory.mktemp("example_cluster")
-    with OpenAITestServer() as llm:
-        connection = {
-            "conn_type": "plan_llm",
-            "host": llm.base_url,
-            "password": LLM_API_KEY,
-            "extra": {"model": "test-model"},
-        }
-        env = {**demo_env(base), "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection)}
-        with plan_cluster(base, [*EXAMPLE_FILES, *sorted(E2E_DAGS.glob("*.py"))], (), env=env) as cluster:
-            yield SharedCluster(cluster, base, llm)
+    llm = _SHARED_CLUSTER.enter_context(OpenAITestServer())
+    connection = {
+        "conn_type": "plan_llm",
+        "host": llm.base_url,
+        "password": LLM_API_KEY,
+        "extra": {"model": "test-model"},
+    }
+    env = {**demo_env(base), "AIRFLOW_CONN_PLAN_LLM_DEFAULT": json.dumps(connection)}
+    files = [*EXAMPLE_FILES, *sorted(E2E_DAGS.glob("*.py"))]
+    with _SHARED_CLUSTER:
+        cluster = _SHARED_CLUSTER.enter_context(plan_cluster(base, files, (), env=env))
+        yield SharedCluster(cluster, base, llm)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a module on the shared cluster that is not one unit of work with the others (it could run
+    on another worker, or after the cluster stopped)."""
+    for item in items:
+        module = Path(item.path).relative_to(ROOT).as_posix()
+        if "example_cluster" in getattr(item, "fixturenames", ()) and module not in SHARED_CLUSTER_MODULES:
+            raise pytest.UsageError(f"{module} uses example_cluster: add it to SHARED_CLUSTER_MODULES")
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared cluster once no test after ``item`` in this process uses it."""
+    if "example_cluster" not in getattr(item, "fixturenames", ()):
+        return
+    later = item.session.items[item.session.items.index(item) + 1 :]
+    if not any("example_cluster" in getattr(other, "fixturenames", ()) for other in later):
+        _SHARED_CLUSTER.close()
 
 
 @contextlib.contextmanager
