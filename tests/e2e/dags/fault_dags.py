@@ -1,7 +1,9 @@
 """Plan DAGs for the fault tests (tests/e2e/test_faults_e2e.py): one DAG per fault, all built alike, and
 one for the soak run (bench/soak.py).
 
-The planner reads the scenario from the run's conf:
+The planner reads the scenario from the run's conf. So that a test can hit a run while one of its control
+tasks runs, the planner pauses ``plan_seconds`` before it answers, and ``finalize`` pauses
+``finalize_seconds`` before its work (an ``on_execute_callback``, first try only):
 
 - ``waits``: ``slow`` works for a while, its children ``s1`` and ``s2`` wait for it in their slots; ``job``
   is an asynchronous job polled on the triggerer and ``after_job`` waits for it deferred; ``end`` joins
@@ -26,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider import Budgets, NodeExecution, build_plan_dag
+from airflow_plan_provider.contract import FINALIZE_TASK
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.tools.registry import ToolContext
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
-FAULTS = ("api_server", "triggerer", "database", "broker", "soak")  # soak: bench/soak.py
+FAULTS = ("api_server", "api_server_long", "triggerer", "database", "broker", "soak")  # soak: bench/soak.py
 MOOT = "the rest of the plan is moot"
 
 
@@ -120,9 +123,18 @@ class FaultPlanner:
 
     def plan(self, request: PlanRequest) -> dict[str, Any]:
         seconds = float(request.conf.get("seconds", 30))
+        time.sleep(float(request.conf.get("plan_seconds", 0)))
         if request.is_replan:
             return revision(seconds)
         return replan_plan() if request.conf.get("scenario") == "replan" else waits_plan(seconds)
+
+
+def pause_finalize(context: Any) -> None:
+    """``on_execute_callback`` of every task: the first try of ``finalize`` pauses ``finalize_seconds``."""
+    ti = context["ti"]
+    conf = context["dag_run"].conf or {}
+    if ti.task_id == FINALIZE_TASK and ti.try_number == 1:
+        time.sleep(float(conf.get("finalize_seconds", 0)))
 
 
 def fault_dag(fault: str) -> Any:
@@ -144,6 +156,7 @@ def fault_dag(fault: str) -> Any:
             slot_wait=timedelta(seconds=90),
         ),
         budgets=Budgets(max_replans=1),
+        default_args={"on_execute_callback": pause_finalize},
         tags=["e2e", "faults"],
     )
 
