@@ -99,29 +99,39 @@ def run_each_database(
     args: argparse.Namespace,
     header: list[str],
     measure: Callable[[str, argparse.Namespace], dict[str, Any]],
-    report: Callable[[dict[str, Any], list[str]], None],
+    report: Callable[[dict[str, Any]], None],
 ) -> int:
     """The body of a one-cluster-per-database script: with ``--report FILE``, print a saved ``--json``
     file's tables and run nothing; else ``measure`` each of ``args.db`` (the load average noted before and
     after in ``header``, the figures saved to ``--json`` after each), print the tables, and return 1 if a
-    database could not be measured."""
+    database could not be measured. ``report`` prints the tables of the measured databases; the header
+    and what could not be measured are printed here."""
     if args.report:
         saved = json.loads(args.report.read_text())
-        report(saved["results"], saved["header"])
-        return 0
-    results: dict[str, Any] = {}
-    for database in args.db:
-        before = load_note()
-        try:
-            results[database] = measure(database, args)
-        except Exception as error:
-            log(f"{database}: not measured: {error!r}")
-            results[database] = {"error": repr(error)[:500]}
-        header.append(f"{database}: {before} before, {load_note()} after")
-        if args.json:
-            args.json.write_text(json.dumps({"results": results, "header": header}, default=str))
-    report(results, header)
+        results, header = saved["results"], saved["header"]
+    else:
+        results = {}
+        for database in args.db:
+            before = load_note()
+            try:
+                results[database] = measure(database, args)
+            except Exception as error:
+                log(f"{database}: not measured: {error!r}")
+                results[database] = {"error": repr(error)[:500]}
+            header.append(f"{database}: {before} before, {load_note()} after")
+            save_figures(args.json, results, header)
+    print("\n" + "\n  ".join(header))
+    report({database: figures for database, figures in results.items() if "error" not in figures})
+    for database, figures in results.items():
+        if "error" in figures:
+            print(f"\n{database}: not measured: {figures['error']}")
     return 0 if not any("error" in r for r in results.values()) else 1
+
+
+def save_figures(path: Path | None, results: dict[str, Any], header: list[str]) -> None:
+    """Write ``results`` and ``header`` to ``path`` (a ``--json`` file ``--report`` reads), if given."""
+    if path is not None:
+        path.write_text(json.dumps({"results": results, "header": header}, default=str))
 
 
 def peak_overlap(intervals: Iterable[tuple[float, float]]) -> int:

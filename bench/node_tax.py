@@ -360,12 +360,8 @@ def summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def report(results: Mapping[str, Any], header: Sequence[str]) -> None:
-    print("\n" + "\n  ".join(header))
+def report(results: Mapping[str, Any]) -> None:
     for database, figures in results.items():
-        if "error" in figures:
-            print(f"\n{database}: not measured: {figures['error']}")
-            continue
         plan, static = summary(figures["plan"]), summary(figures["static"])
         nodes = figures["plan"][0]["nodes"]
         print(

@@ -24,7 +24,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -42,6 +41,7 @@ from _planbench import (
     plan_dag_source,
     random_layered_plan,
     run_each_database,
+    save_figures,
     work_plan,
 )
 from node_tax import PROBE, component_cpu, probe_records, request_kind
@@ -118,19 +118,14 @@ def measure(database: str, args: argparse.Namespace) -> dict[str, Any]:
                 f" {figures['per second']:.1f} requests/s"
                 f" ({figures['state reads per second']:.1f} state reads/s)"
             )
-            if args.json:
-                args.json.write_text(json.dumps({database: out}, default=str))
+            save_figures(args.json, {database: out}, [f"{database}: partial, saved after each size"])
     finally:
         bench.stop()
     return out
 
 
-def report(results: Mapping[str, Any], header: Sequence[str]) -> None:
-    print("\n" + "\n  ".join(header))
+def report(results: Mapping[str, Any]) -> None:
     for database, sizes in results.items():
-        if "error" in sizes:
-            print(f"\n{database}: not measured: {sizes['error']}")
-            continue
         print(f"\nAPI requests of a plan run's node tasks and triggers, {database}")
         print(
             f"  {'nodes':>6}{'ok':>5}{'makespan s':>11}{'req/s':>8}{'state reads/s':>14}{'read kB/s':>10}"
