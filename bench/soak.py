@@ -5,8 +5,9 @@ docker-compose.yml) runs two phases of the same load, one after the other: with 
 A session of the ``waits`` plan of tests/e2e/dags/fault_dags.py (a node working, two waiting for it in
 their slots, an asynchronous job, a node deferred after it, a join) starts every ``--every`` seconds.
 In the faulty phase, every 2-4 minutes (``--fault-min``/``--fault-max``) one fault strikes, at random:
-the API server killed and started again, the triggerer killed and started again 10 s later, PostgreSQL
-stopped for 10 s, Redis stopped for 10 s. A component that exits is started again (a restart policy).
+the API server killed and started again 10 s later (or 30 s later), the triggerer killed and started
+again 10 s later, PostgreSQL stopped for 20 s, Redis stopped for 10 s (as tests/e2e/test_faults_*.py).
+A component that exits is started again (a restart policy).
 
 Printed per phase: sessions started / completed / lost (not completed, or completed otherwise than
 ``goal_met``), nodes redone (a tool called twice for one idempotency key), duplicate side effects, tasks
@@ -48,7 +49,8 @@ from harness.servers import PostgresServer, RedisServer  # noqa: E402
 
 DAG_FILE = ROOT / "tests" / "e2e" / "dags" / "fault_dags.py"
 DAG_ID = "e2e_fault_soak"  # built by that file
-OUTAGE = 10.0
+#: seconds each fault keeps its service away
+OUTAGE = {"api_server": 10.0, "api_server_long": 30.0, "triggerer": 10.0, "database": 20.0, "broker": 10.0}
 
 
 def log(message: str) -> None:
@@ -75,37 +77,24 @@ class Soak:
 
     # ------------------------------------------------------------------ faults
 
-    def fault_api_server(self) -> None:
-        self.cluster.kill("api-server")
-        time.sleep(OUTAGE)
-        self.cluster.restart("api-server")
-
-    def fault_triggerer(self) -> None:
-        self.cluster.kill("triggerer")
-        time.sleep(OUTAGE)
-        self.cluster.restart("triggerer")
-
-    def fault_database(self) -> None:
-        self.postgres.stop()
-        time.sleep(OUTAGE)
-        self.postgres.start()
-
-    def fault_broker(self) -> None:
-        self.redis.stop()
-        time.sleep(OUTAGE)
-        self.redis.start()
+    def away(self, stop: Callable[[], None], start: Callable[[], None], seconds: float) -> None:
+        stop()
+        time.sleep(seconds)
+        start()
 
     def strike(self, rng: random.Random) -> None:
-        faults: dict[str, Callable[[], None]] = {
-            "api_server": self.fault_api_server,
-            "triggerer": self.fault_triggerer,
-            "database": self.fault_database,
-            "broker": self.fault_broker,
+        cluster = self.cluster
+        faults: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+            "api_server": (lambda: cluster.kill("api-server"), lambda: cluster.restart("api-server")),
+            "api_server_long": (lambda: cluster.kill("api-server"), lambda: cluster.restart("api-server")),
+            "triggerer": (lambda: cluster.kill("triggerer"), lambda: cluster.restart("triggerer")),
+            "database": (self.postgres.stop, self.postgres.start),
+            "broker": (self.redis.stop, self.redis.start),
         }
         name = rng.choice(sorted(faults))
         began = time.monotonic()
         log(f"fault: {name}")
-        faults[name]()
+        self.away(*faults[name], OUTAGE[name])
         self.faults.append((name, time.monotonic() - began))
 
     # ------------------------------------------------------------------ load
