@@ -61,7 +61,7 @@ from typing import Any, cast
 from airflow_plan_provider.contract import RESULT_KEY, labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from harness.processes import family, pid_alive, signal_all, terminate_group
-from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked
+from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, copy_template, locked, migrated_template, save_template
 
 __all__ = [
     "COMPONENTS",
@@ -525,6 +525,23 @@ class AirflowCluster:
             watchdog.wait()
 
     def _migrate(self) -> None:
+        """``airflow db migrate``; a SQLite database not there yet starts as a copy of the one this
+        environment's Airflow migrated last (:func:`~harness.sqlite.migrated_template`), if any."""
+        database = self._new_sqlite_file()
+        if database is not None and copy_template(migrated_template(), database):
+            return
+        self._run_migrate()
+        if database is not None:
+            save_template(database, migrated_template())
+
+    def _new_sqlite_file(self) -> Path | None:
+        """The SQLite database file when it does not exist yet, else None."""
+        if not self.database_url.startswith("sqlite:///"):
+            return None
+        path = Path(self.database_url.removeprefix("sqlite:///"))
+        return path if path.is_absolute() and not path.exists() else None
+
+    def _run_migrate(self) -> None:
         log = self.log_dir / "db-migrate.log"
         with log.open("ab") as fh:
             proc = subprocess.Popen(

@@ -30,6 +30,14 @@ writer, wait long enough, in this order:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 #: seconds a connection waits for SQLite's database lock
@@ -52,3 +60,36 @@ def locked(status: int, body: str) -> bool:
     """Whether an API answer is SQLite's "database is locked" (HTTP 500): the request was rolled back,
     and sending it again is safe."""
     return status == 500 and "database is locked" in body
+
+
+def migrated_template() -> Path:
+    """Where a SQLite database ``airflow db migrate`` made for this environment's Airflow is kept: one
+    per Airflow version and virtual environment, in the temporary folder. A cluster whose database file
+    does not exist yet starts from a copy (:func:`copy_template`) instead of migrating again (about 6 s
+    of CPU)."""
+    version = importlib.metadata.version("apache-airflow")
+    venv = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"plan-e2e-airflow-{version}-{venv}.sqlite"
+
+
+def save_template(database: Path, template: Path) -> None:
+    """Keep a consistent copy of the freshly migrated ``database`` as ``template`` (written aside, then
+    renamed: a cluster starting meanwhile sees the whole file or none)."""
+    partial = template.with_name(f"{template.name}.{os.getpid()}.partial")
+    with (
+        contextlib.closing(sqlite3.connect(database)) as source,
+        contextlib.closing(sqlite3.connect(partial)) as copy,
+    ):
+        source.backup(copy)
+        copy.execute("PRAGMA journal_mode=DELETE")  # one file, read without a -wal beside it
+    os.replace(partial, template)
+
+
+def copy_template(template: Path, database: Path) -> bool:
+    """Start ``database`` as a copy of ``template``; whether there was one to copy."""
+    if not template.exists():
+        return False
+    source = sqlite3.connect(f"file:{template}?mode=ro", uri=True)
+    with contextlib.closing(source), contextlib.closing(sqlite3.connect(database)) as copy:
+        source.backup(copy)  # Airflow opens it in write-ahead-log mode again
+    return True

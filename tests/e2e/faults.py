@@ -11,13 +11,15 @@ fault ends with every component and service up again, so the next starts from a 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from airflow_plan_provider.contract import PLAN_TASK
 from airflow_plan_provider.testing.scripted import CallLog
@@ -58,25 +60,31 @@ class Deployment:
         return CallLog(self.calls / dag_id)
 
 
-@contextlib.contextmanager
-def fault_deployment(base: Path, faults: tuple[str, ...]) -> Iterator[Deployment]:
-    """A deployment in ``base`` serving the DAGs of ``faults`` (names as in :data:`FAULTS`)."""
-    with (
-        PostgresServer() as postgres,
-        RedisServer() as redis,
-        PostgresDatabase(postgres.url) as db,
-        plan_cluster(
-            base,
-            [DAG_FILE],
-            [f"e2e_fault_{fault}" for fault in faults],
-            env={**demo_env(base), **DEPLOY_SETTINGS},
-            database_url=db.url,
-            broker_url=redis.url,
-            celery_workers=CELERY_WORKERS,
-            worker_concurrency=4,
-        ) as cluster,
-    ):
-        yield Deployment(cluster, postgres, redis, base / "calls")
+def deployment_fixture(*faults: str) -> Any:
+    """A test module's ``deployment`` fixture: a deployment of its own serving the DAGs of ``faults``
+    (names as in :data:`FAULTS`), for the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+        base = tmp_path_factory.mktemp("faults")
+        with (
+            PostgresServer() as postgres,
+            RedisServer() as redis,
+            PostgresDatabase(postgres.url) as db,
+            plan_cluster(
+                base,
+                [DAG_FILE],
+                [f"e2e_fault_{fault}" for fault in faults],
+                env={**demo_env(base), **DEPLOY_SETTINGS},
+                database_url=db.url,
+                broker_url=redis.url,
+                celery_workers=CELERY_WORKERS,
+                worker_concurrency=4,
+            ) as cluster,
+        ):
+            yield Deployment(cluster, postgres, redis, base / "calls")
+
+    return deployment
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -9,7 +9,7 @@ from the fault to the recovery is printed (tests/e2e/faults.py has the deploymen
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -24,7 +24,7 @@ from tests.e2e.faults import (
     WORK_SECONDS,
     Deployment,
     check_once_each,
-    fault_deployment,
+    deployment_fixture,
     first_finish_after,
     node_states,
     report,
@@ -36,12 +36,7 @@ from tests.e2e.faults import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    with fault_deployment(
-        tmp_path_factory.mktemp("faults"), ("api_server", "api_server_long", "triggerer")
-    ) as d:
-        yield d
+deployment = deployment_fixture("api_server", "api_server_long", "triggerer")
 
 
 def test_api_server_killed_while_nodes_wait_in_their_slots_and_deferred(deployment: Deployment) -> None:

@@ -8,7 +8,6 @@ idempotency key, every side effect is done once, and the time from the fault to 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,7 +16,7 @@ from tests.e2e.faults import (
     OUTAGE_SECONDS,
     PLANNING_SECONDS,
     Deployment,
-    fault_deployment,
+    deployment_fixture,
     planning,
     run_waits_through,
 )
@@ -26,10 +25,7 @@ from tests.e2e.faults import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    with fault_deployment(tmp_path_factory.mktemp("faults"), ("database", "broker")) as deployed:
-        yield deployed
+deployment = deployment_fixture("database", "broker")
 
 
 def test_metadata_database_away_20s_mid_session(deployment: Deployment) -> None:

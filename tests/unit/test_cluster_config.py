@@ -3,13 +3,15 @@ what its processes import."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import subprocess
 import sys
 
 import pytest
 
 from harness.cluster import AirflowCluster, async_database_url
-from harness.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT
+from harness.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT, copy_template, save_template
 
 
 def test_async_url_is_the_same_database_through_the_asyncio_driver():
@@ -120,3 +122,29 @@ def test_every_process_imports_what_the_cluster_names_by_dotted_path(tmp_path, m
         )
         assert done.returncode == 0, (component, env[key], done.stderr[-2000:])
         assert done.stdout.startswith(expected), (component, done.stdout)
+
+
+def test_a_new_sqlite_database_starts_as_a_copy_of_the_last_migrated_one(tmp_path):
+    migrated = tmp_path / "migrated.db"
+    with contextlib.closing(sqlite3.connect(migrated)) as db, db:
+        db.execute("PRAGMA journal_mode=WAL")  # as Airflow opens it
+        db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        db.execute("INSERT INTO alembic_version VALUES ('head')")
+    template, fresh = tmp_path / "template.sqlite", tmp_path / "home" / "airflow.db"
+    fresh.parent.mkdir()
+    assert not copy_template(template, fresh)  # nothing to copy yet: the cluster migrates
+    assert not fresh.exists()
+    save_template(migrated, template)
+    assert copy_template(template, fresh)
+    with contextlib.closing(sqlite3.connect(fresh)) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("head",)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "migrated.db", "template.sqlite"]
+
+
+def test_only_a_sqlite_file_not_there_yet_is_copied(tmp_path):
+    sqlite_cluster = AirflowCluster(tmp_path, home=tmp_path / "home")
+    assert sqlite_cluster._new_sqlite_file() == tmp_path / "home" / "airflow.db"
+    (tmp_path / "home" / "airflow.db").write_bytes(b"")  # a home used before: migrated, not replaced
+    assert sqlite_cluster._new_sqlite_file() is None
+    url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
+    assert AirflowCluster(tmp_path, home=tmp_path / "pg", database_url=url)._new_sqlite_file() is None
