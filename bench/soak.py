@@ -18,6 +18,7 @@ redone, 0 duplicates. Not run by CI.
 Run::
 
     .venv/bin/python bench/soak.py --minutes 30      # each phase 30 minutes
+    .venv/bin/python bench/soak.py --minutes 30 --quiet-minutes 15   # a shorter phase without faults
     .venv/bin/python bench/soak.py --minutes 3 --fault-min 40 --fault-max 60   # a quick check
 """
 
@@ -107,10 +108,11 @@ class Soak:
             return None
 
     def phase(self, name: str, args: argparse.Namespace, faults: bool, rng: random.Random) -> dict[str, Any]:
-        log(f"phase {name}: {args.minutes} min, a session every {args.every} s, faults {faults}")
+        minutes = args.minutes if faults else args.quiet_minutes or args.minutes
+        log(f"phase {name}: {minutes} min, a session every {args.every} s, faults {faults}")
         runs: list[str] = []
         failed_starts = 0
-        end = time.monotonic() + args.minutes * 60
+        end = time.monotonic() + minutes * 60
         next_start = time.monotonic()
         next_fault = time.monotonic() + rng.uniform(args.fault_min, args.fault_max)
         while time.monotonic() < end:
@@ -180,7 +182,10 @@ def fmt(value: Any) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=30.0, help="length of each phase")
+    parser.add_argument("--minutes", type=float, default=30.0, help="length of the phase with faults")
+    parser.add_argument(
+        "--quiet-minutes", type=float, help="length of the phase without faults (default: --minutes)"
+    )
     parser.add_argument("--every", type=float, default=30.0, help="seconds between two session starts")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long a session's slow node works")
     parser.add_argument("--fault-min", type=float, default=120.0, help="least seconds between two faults")

@@ -138,8 +138,8 @@ def test_api_server_away_30s_while_plan_finalize_and_replan_run(deployment: Depl
     result = cluster.session_result(dag_id, root)
     assert result is not None and (result.status, result.reason) == ("completed", "goal_met"), result
     tries = {
-        f"{run_id[:6]}:{ti['rendered_map_index'] or ti['task_id']}": ti["try_number"]
-        for run_id in (root, child)
+        f"{run}:{ti['rendered_map_index'] or ti['task_id']}": ti["try_number"]
+        for run, run_id in (("root", root), ("revision", child))
         for ti in cluster.task_instances(dag_id, run_id)
     }
     print(f"[e2e] api_server_long: tries {tries}")
