@@ -57,8 +57,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileSche
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``) a worker runs
     a whole module, so a module's fixtures (an Airflow cluster, a seed session) are set up once, and the
-    modules that start Airflow processes go first: they are the longest, and the in-process tests fill
-    the other worker meanwhile. (The modules on the session-wide example cluster are one unit of work;
-    each worker's Celery clusters have a broker database of their own.)"""
+    modules that start Airflow processes go first (those marked ``early`` before the others): they are
+    the longest, and the in-process tests fill the other worker meanwhile. (The modules on the
+    session-wide example cluster are one unit of work; each worker's Celery clusters have a broker
+    database of their own.)"""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1)  # stable: modules stay whole
+        # stable: modules stay whole; the longest (marked ``early``) first of all
+        items.sort(
+            key=lambda item: (
+                0 if item.get_closest_marker("early") else 1 if item.get_closest_marker("e2e") else 2
+            )
+        )

@@ -32,8 +32,9 @@ from tests.e2e.faults import (
     timestamp,
 )
 
-# slow tier: a Celery cluster of its own, on servers of its own, and sessions that wait out faults
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# slow tier: a Celery cluster of its own, on servers of its own, and sessions that wait out faults; the
+# slow tier's longest modules
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.early]
 
 
 deployment = deployment_fixture("api_server", "api_server_long", "triggerer")

@@ -21,8 +21,9 @@ from tests.e2e.faults import (
     run_waits_through,
 )
 
-# slow tier: a Celery cluster of its own, on servers of its own, and sessions that wait out faults
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# slow tier: a Celery cluster of its own, on servers of its own, and sessions that wait out faults; the
+# slow tier's longest modules
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.early]
 
 
 deployment = deployment_fixture("database", "broker")
