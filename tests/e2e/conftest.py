@@ -173,8 +173,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{module} uses example_cluster: add it to SHARED_CLUSTER_MODULES")
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the shared cluster once no test after ``item`` in this process uses it."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the shared cluster once no test after ``item`` in this process uses it (after ``item``'s
+    own fixtures are torn down)."""
+    yield
     if "example_cluster" not in getattr(item, "fixturenames", ()):
         return
     later = item.session.items[item.session.items.index(item) + 1 :]
