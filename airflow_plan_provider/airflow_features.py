@@ -12,7 +12,10 @@ asks this module.
   validated, kept in the task state store. Fallback: kept as a checkpoint in the DAG's artifact store
   (same checks, same reuse).
 - :func:`awaiting_input` (3.3): the approval task waits in ``awaiting_input`` (no worker slot, no
-  triggerer). Fallback: the standard provider's HITL operator waits deferred, in the triggerer.
+  triggerer). Fallback: the standard provider's HITL operator waits deferred, in the triggerer; the
+  in-process session runner (:mod:`airflow_plan_provider.testing.in_process`) then lets ``dag.test()``'s
+  inline run of that trigger read the answer (:func:`airflow_plan_provider.compat.
+  hitl_trigger_requests_in_process`).
 
 Names Airflow moved between 3.1 and 3.2 (same behaviour, another module) are found here too:
 :func:`sdk_conf`, :func:`stats`, :func:`dag_bag`, and the task exceptions and ``SkipMixin``

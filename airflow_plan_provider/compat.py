@@ -12,6 +12,14 @@ Private Airflow names, and why: this module is the only place that imports them.
   task runs and run one task instance again. Airflow has no public way to do either. Guarded: without it
   both raise :class:`AirflowCompatError` naming the missing function; nothing outside the testing
   helpers needs it.
+- ``airflow.sdk.execution_time.supervisor.InProcessTestSupervisor._handle_request``
+  (:func:`hitl_trigger_requests_in_process`): where human-in-the-loop tasks defer to the standard
+  provider's HITL trigger (no ``awaiting_input`` state, Airflow 3.1 and 3.2), ``dag.test()`` runs that
+  trigger inline, but its in-process supervisor answers only a task's requests, not the trigger's
+  "read the response record" and "write it" (only the triggerer's supervisor does): the trigger fails
+  with no record to read. While active, the in-process supervisor answers those two as the triggerer
+  does, through the same Execution API client calls. Guarded: without that class it does nothing (a
+  ``dag.test()`` without it has no inline trigger supervisor to complete).
 """
 
 from __future__ import annotations
@@ -74,4 +82,34 @@ def wrap_in_process_task_runner(wrap: Callable[[Callable[..., Any]], Callable[..
     module = _dag_module()
     wrapped = functools.wraps(module._run_task)(wrap(module._run_task))
     with patch.object(module, "_run_task", wrapped):
+        yield
+
+
+@contextmanager
+def hitl_trigger_requests_in_process() -> Iterator[None]:
+    """While active, ``dag.test()``'s inline trigger runs can read and write a task's human-in-the-loop
+    response record (the requests the standard provider's HITL trigger makes), as in the triggerer."""
+    from unittest.mock import patch
+
+    try:
+        from airflow.sdk.execution_time.comms import GetHITLDetailResponse, UpdateHITLDetail
+        from airflow.sdk.execution_time.supervisor import InProcessTestSupervisor
+    except ImportError:
+        yield
+        return
+    handle = InProcessTestSupervisor._handle_request
+
+    def handle_hitl_requests_too(self: Any, msg: Any, log: Any, req_id: int) -> None:
+        if isinstance(msg, GetHITLDetailResponse):
+            response = self.client.hitl.get_detail_response(ti_id=msg.ti_id)
+        elif isinstance(msg, UpdateHITLDetail):
+            response = self.client.hitl.update_response(
+                ti_id=msg.ti_id, chosen_options=msg.chosen_options, params_input=msg.params_input
+            )
+        else:
+            handle(self, msg, log, req_id)
+            return
+        self.send_msg(response, request_id=req_id, error=None)
+
+    with patch.object(InProcessTestSupervisor, "_handle_request", handle_hitl_requests_too):
         yield

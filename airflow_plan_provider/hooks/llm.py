@@ -186,10 +186,11 @@ class PlanLLMHook(BaseHook):
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         """The connection form's labels, hidden fields and placeholders, for an Airflow that asks the hook
         (3.1); later ones read the same from the provider info, with the Model / Organization / Project
-        fields (on 3.1 those are keys of the Extra JSON)."""
+        fields (on 3.1 those are keys of the Extra JSON). The hook's form spells the keys with
+        underscores (``hidden_fields``), the provider info with dashes (``hidden-fields``)."""
         from airflow_plan_provider.provider_info import LLM_FIELD_BEHAVIOUR
 
-        return LLM_FIELD_BEHAVIOUR
+        return {key.replace("-", "_"): value for key, value in LLM_FIELD_BEHAVIOUR.items()}
 
     @cached_property
     def settings(self) -> LLMSettings:

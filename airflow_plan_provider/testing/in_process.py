@@ -215,7 +215,7 @@ def _test(
     A run always gets a logical date (now by default): ``dag.test()`` clears the task instances of
     every run at its logical date first, and with none, of every run of the DAG.
     """
-    with _next_run_id(run_id):
+    with _next_run_id(run_id), _hitl_triggers_in_process():
         run: DagRun = dag.test(
             run_conf=dict(conf or {}),
             logical_date=logical_date or datetime.now(UTC),
@@ -245,6 +245,21 @@ def _next_run_id(run_id: str | None) -> Iterator[None]:
         return pending.pop() if pending else generate(**kwargs)
 
     with patch.object(DagRun, "generate_run_id", staticmethod(generate_run_id)):
+        yield
+
+
+@contextmanager
+def _hitl_triggers_in_process() -> Iterator[None]:
+    """Let an approval task that waits deferred (no ``awaiting_input`` state in this Airflow) get its
+    answer: ``dag.test()`` runs the HITL trigger inline, and the trigger reads the response record."""
+    from airflow_plan_provider import airflow_features
+
+    if airflow_features.awaiting_input():
+        yield  # the task parks in awaiting_input; an answer through the REST API resumes it
+        return
+    from airflow_plan_provider.compat import hitl_trigger_requests_in_process
+
+    with hitl_trigger_requests_in_process():
         yield
 
 

@@ -1,12 +1,17 @@
 """Approval: which nodes must be approved (pure core), the request's text, the session's record of
 answers, and the approve task in the DAG (its place, its trigger rules, a run that needs no approval).
 
-Approval answered through the REST API on a real scheduler: tests/e2e/test_approval.py.
+A request granted, and one rejected, through Airflow's REST API while ``dag.test()`` runs the plan in
+this process (on Airflow 3.3 the approve task parks in ``awaiting_input`` and the answer resumes it;
+before, it defers to the standard provider's HITL trigger, which reads the answer). The same on a real
+scheduler, with timeouts and replans: tests/e2e/test_approval.py.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -304,3 +309,187 @@ def test_a_plan_without_risky_nodes_does_not_wait_and_its_nodes_run(tmp_path) ->
     assert types[:3] == ["plan.created", "plan.validated", "approval.not_needed"]
     assert types.index("approval.not_needed") < types.index("node.started")
     assert log.count("read") == 1
+
+
+# --- a request answered through Airflow's REST API, in-process ------------------------------------------
+
+#: a plan whose node 2 runs a risky tool (``purge``), so the approve task asks before any node runs
+PURGE_PLAN = {
+    "goal": "purge the stale rows",
+    "nodes": [
+        {"id": "1", "action": "count stale rows", "tool": "read", "params": {}},
+        {"id": "2", "action": "purge stale rows", "tool": "purge", "params": {"table": "payments_stale"}},
+    ],
+    "edges": [{"from": "1", "to": "2"}],
+}
+#: how long the answering user waits for the request to appear (the approve task runs within seconds)
+REQUEST_WAIT = 60.0
+
+
+@pytest.fixture(scope="module")
+def hitl_api() -> Any:
+    """Airflow's public REST API (``/api/v2``) with its auth manager, as the API server serves it, on the
+    test process's database: a user answers the approval request through it, as from the UI's
+    "Required actions" page."""
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.core_api.routes.public import public_router
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    app = FastAPI()
+    app.include_router(public_router)
+    manager = init_auth_manager(app)
+    with TestClient(app) as client:
+        yield client, manager
+
+
+class Answer(threading.Thread):
+    """A user who answers a run's approval request through the REST API once it waits for an answer.
+
+    ``dag.test()`` holds the test's thread while the approve task waits, so the user answers from this
+    thread. Where the running Airflow has the ``awaiting_input`` state, the request is answered once the
+    task is parked in it (the API resumes the task); elsewhere the operator defers to the standard
+    provider's HITL trigger, which reads the answer from the request's record, so the request's
+    existence is enough. If nothing is answered in time, the request is rejected all the same (so that
+    the run ends) and :attr:`problem` says why the test must fail.
+    """
+
+    def __init__(self, api: Any, dag_id: str, run_id: str, option: str, intruder: str | None = None) -> None:
+        super().__init__(name=f"answer-{run_id}", daemon=True)
+        self.client, self.manager = api
+        self.path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{APPROVE_TASK}/-1/hitlDetails"
+        self.option, self.intruder = option, intruder
+        self.request: dict[str, Any] | None = None  # the request as the API showed it before the answer
+        self.intruder_status: int | None = None  # what the API said to a user who may not answer
+        self.status: int | None = None
+        self.problem: str | None = None
+
+    def headers(self, user: str) -> dict[str, str]:
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+        token = self.manager.generate_jwt(SimpleAuthManagerUser(username=user, role="admin"))
+        return {"Authorization": f"Bearer {token}"}
+
+    def waits_for_an_answer(self, request: dict[str, Any]) -> bool:
+        from airflow_plan_provider import airflow_features
+
+        if airflow_features.awaiting_input():
+            return request["task_instance"]["state"] == "awaiting_input"
+        return True  # the request is recorded: the HITL trigger reads the answer from it
+
+    def run(self) -> None:
+        deadline = time.monotonic() + REQUEST_WAIT
+        while time.monotonic() < deadline:
+            shown = self.client.get(self.path, headers=self.headers("alice"))
+            if shown.status_code == 200 and self.waits_for_an_answer(shown.json()):
+                self.request = shown.json()
+                if self.intruder:
+                    refused = self.client.patch(
+                        self.path, json={"chosen_options": ["Approve"]}, headers=self.headers(self.intruder)
+                    )
+                    self.intruder_status = refused.status_code
+                answered = self.client.patch(
+                    self.path, json={"chosen_options": [self.option]}, headers=self.headers("alice")
+                )
+                self.status = answered.status_code
+                if answered.status_code != 200:
+                    self.problem = f"the answer was refused: {answered.status_code} {answered.text}"
+                return
+            time.sleep(0.2)
+        self.problem = f"no request waited for an answer within {REQUEST_WAIT} s"
+        self.client.patch(self.path, json={"chosen_options": ["Reject"]}, headers=self.headers("alice"))
+
+
+def run_answered(dag: Any, api: Any, option: str, intruder: str | None = None) -> tuple[Any, Answer]:
+    """Run ``dag`` once in-process while a user answers its approval request with ``option``."""
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+
+    run_id = f"manual__approval_{option.lower()}_{time.time_ns()}"
+    answer = Answer(api, dag.dag_id, run_id, option, intruder=intruder)
+    answer.start()
+    try:
+        run = run_plan_dag(dag, {"goal": PURGE_PLAN["goal"]}, run_id=run_id)
+    finally:
+        answer.join(REQUEST_WAIT + 30)
+    assert answer.problem is None, answer.problem
+    return run, answer
+
+
+def purge_dag(dag_id: str, log: CallLog) -> Any:
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    tools = scripted_registry(
+        ScriptedTool("read", log=log, returns={"rows": 3}),
+        ScriptedTool("purge", log=log, returns={"purged": 3}, side_effect=True, needs_approval=True),
+    )
+    return build_plan_dag(
+        dag_id,
+        planner=ScriptedPlanner(PURGE_PLAN),
+        tools=tools,
+        approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(0)),
+    )
+
+
+@pytest.mark.airflow
+def test_an_approval_granted_through_the_api_lets_the_nodes_run(tmp_path, hitl_api) -> None:
+    from tests.airflow.support import task_states, xcom
+
+    log = CallLog(tmp_path)
+    run, answer = run_answered(purge_dag("apv_granted", log), hitl_api, "Approve", intruder="mallory")
+    # what the user was shown, and a user who is not an approver may not answer
+    assert answer.request is not None and answer.request["options"] == ["Approve", "Reject"]
+    assert [user["id"] for user in answer.request["assigned_users"]] == ["alice"]
+    assert "purge stale rows" in answer.request["body"] and answer.request["chosen_options"] is None
+    assert answer.intruder_status == 403 and answer.status == 200
+
+    states = task_states(run)
+    assert str(run.state) == "success", states
+    assert states[APPROVE_TASK] == "success"
+    assert [states[f"{NODES_TASK}[{i}]"] for i in (0, 1)] == ["success", "success"], states
+    assert log.count("read") == 1 and log.count("purge") == 1  # nothing ran twice
+
+    recorded = xcom(run, APPROVE_TASK, key=APPROVAL_KEY)
+    assert (recorded["status"], recorded["responded_by"], recorded["nodes"]) == ("granted", "alice", ["2"])
+    assert recorded["approvers"] == ["alice"] and not recorded["timed_out"]
+    result = xcom(run, FINALIZE_TASK)
+    assert (result["status"], result["reason"]) == ("completed", "goal_met")
+    [approval] = result["approvals"]
+    assert (approval["status"], approval["responded_by"]) == ("granted", "alice")
+    assert result["outputs"]["2"] == {"purged": 3}
+    types = [e["type"] for e in result["events"]]
+    assert types.index("approval.granted") < types.index("node.started")
+
+    # Airflow's own record of the answer
+    shown = answer.client.get(answer.path, headers=answer.headers("alice")).json()
+    assert shown["chosen_options"] == ["Approve"] and shown["responded_by_user"]["id"] == "alice"
+
+
+@pytest.mark.airflow
+def test_an_approval_rejected_through_the_api_runs_no_node_and_fails_the_session(tmp_path, hitl_api) -> None:
+    from tests.airflow.support import task_states, xcom
+
+    log = CallLog(tmp_path)
+    run, answer = run_answered(purge_dag("apv_rejected", log), hitl_api, "Reject")
+    assert answer.status == 200
+
+    states = task_states(run)
+    assert str(run.state) == "failed", states
+    assert states[APPROVE_TASK] == "success"  # it asked and recorded the answer
+    nodes = {task: state for task, state in states.items() if task.startswith(NODES_TASK)}
+    assert nodes and set(nodes.values()) == {"skipped"}, states
+    assert log.calls() == []  # no tool was called, the risky one least of all
+
+    recorded = xcom(run, APPROVE_TASK, key=APPROVAL_KEY)
+    assert (recorded["status"], recorded["responded_by"], recorded["nodes"]) == ("rejected", "alice", ["2"])
+    assert recorded["calls"] == {} and not recorded["timed_out"]
+    result = xcom(run, FINALIZE_TASK)
+    assert (result["status"], result["reason"]) == ("failed", "rejected")
+    assert "rejected by alice" in result["message"]
+    [approval] = result["approvals"]
+    assert (approval["status"], approval["responded_by"]) == ("rejected", "alice")
+    assert [e["type"] for e in result["events"] if e["type"].startswith("approval.")] == ["approval.rejected"]
+    assert not [e for e in result["events"] if e["type"].startswith("node.")]
+
+    shown = answer.client.get(answer.path, headers=answer.headers("alice")).json()
+    assert shown["chosen_options"] == ["Reject"] and shown["responded_by_user"]["id"] == "alice"
