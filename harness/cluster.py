@@ -527,12 +527,12 @@ class AirflowCluster:
     def _migrate(self) -> None:
         """``airflow db migrate``; a SQLite database not there yet starts as a copy of the one this
         environment's Airflow migrated last (:func:`~harness.sqlite.migrated_template`), if any."""
-        database = self._new_sqlite_file()
-        if database is not None and copy_template(migrated_template(), database):
+        database, template = self._new_sqlite_file(), migrated_template()
+        if database is not None and copy_template(template, database):
             return
         self._run_migrate()
         if database is not None:
-            save_template(database, migrated_template())
+            save_template(database, template)
 
     def _new_sqlite_file(self) -> Path | None:
         """The SQLite database file when it does not exist yet, else None."""
