@@ -70,7 +70,7 @@ test-older-airflow: older-airflow-venvs
 	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
 		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
 
-# the older releases' virtual environments alone (CI builds them while the main suite runs)
+# the older releases' virtual environments alone (CI builds them after the main suite, beside the slow tier)
 older-airflow-venvs:
 	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
 		$(MAKE) .venv-$$version/.installed AIRFLOW_VERSION=$$version; done

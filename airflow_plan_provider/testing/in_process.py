@@ -215,7 +215,7 @@ def _test(
     A run always gets a logical date (now by default): ``dag.test()`` clears the task instances of
     every run at its logical date first, and with none, of every run of the DAG.
     """
-    with _next_run_id(run_id), _hitl_triggers_in_process():
+    with _next_run_id(run_id), _hitl_triggers_in_process(), _mapped_instances_in_map_index_order():
         run: DagRun = dag.test(
             run_conf=dict(conf or {}),
             logical_date=logical_date or datetime.now(UTC),
@@ -246,6 +246,66 @@ def _next_run_id(run_id: str | None) -> Iterator[None]:
 
     with patch.object(DagRun, "generate_run_id", staticmethod(generate_run_id)):
         yield
+
+
+#: whether :func:`_mapped_instances_in_map_index_order` is active (a replan run's ``dag.test()`` runs
+#: inside its parent's)
+_IN_MAP_INDEX_ORDER: list[bool] = []
+
+
+@contextmanager
+def _mapped_instances_in_map_index_order() -> Iterator[None]:
+    """Run a mapped task's scheduled instances in map-index order, as the scheduler hands out their slots.
+
+    ``dag.test()`` runs each pass's scheduled instances in the order of a set. A node that runs before
+    a parent still scheduled finds it not started and gives its slot back (a reschedule of seconds,
+    which ``dag.test()`` waits out in 1 s sleeps); on a scheduler the parent, lower in the plan's run
+    order and so in map index, gets its slot first. So when ``dag.test()`` comes to an instance, the
+    scheduled instances of the same task and run below it run first, and an instance run that way is
+    not run again when its own turn comes.
+    """
+    if _IN_MAP_INDEX_ORDER:
+        yield
+        return
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    from airflow_plan_provider.compat import wrap_in_process_task_runner
+
+    def scheduled_below(ti: Any) -> tuple[bool, list[Any]]:
+        """Whether ``ti`` is still scheduled, and the scheduled instances of its task below it."""
+        with create_session() as session:
+            rows = (
+                session.query(TaskInstance)
+                .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id)
+                .filter(TaskInstance.map_index <= ti.map_index)
+                .filter(TaskInstance.state == TaskInstanceState.SCHEDULED)
+                .order_by(TaskInstance.map_index)
+                .all()
+            )
+            session.expunge_all()
+        return any(row.map_index == ti.map_index for row in rows), rows[:-1] if rows else []
+
+    def in_map_index_order(run_task: Callable[..., Any]) -> Callable[..., Any]:
+        def run_in_map_index_order(*, ti: Any, task: Any, **kwargs: Any) -> Any:
+            if ti.map_index < 0:
+                return run_task(ti=ti, task=task, **kwargs)
+            scheduled, below = scheduled_below(ti)
+            if not scheduled:
+                return None  # it ran already, before an instance above it
+            for earlier in below:
+                run_task(ti=earlier, task=task, **kwargs)
+            return run_task(ti=ti, task=task, **kwargs)
+
+        return run_in_map_index_order
+
+    _IN_MAP_INDEX_ORDER.append(True)
+    try:
+        with wrap_in_process_task_runner(in_map_index_order):
+            yield
+    finally:
+        _IN_MAP_INDEX_ORDER.pop()
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -131,3 +132,36 @@ def test_a_plan_in_a_task_group_is_read_by_its_group(tmp_path):
     assert (run.state, run.node_states) == ("success", {"fetch": "success"})
     with pytest.raises(ValueError, match=r"'inproc_group' has no plan in group 'other'"):
         run_session(dag, group="other")
+
+
+def test_the_node_instances_of_a_chain_run_in_map_index_order_and_none_gives_its_slot_back(tmp_path):
+    """``dag.test()`` runs a pass's scheduled instances in a set's order; the runner runs a mapped task's
+    in map-index order (the plan's run order), as the scheduler hands out their slots: no node finds a
+    parent not started and reschedules itself (seconds that ``dag.test()`` would sleep out)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    log = CallLog(tmp_path)
+    ids = [f"n{i}" for i in range(6)]
+    plan = {
+        "goal": "a chain",
+        "nodes": [{"id": node, "action": f"step {node}", "tool": "step", "params": {}} for node in ids],
+        "edges": [{"from": a, "to": b} for a, b in pairwise(ids)],
+    }
+    tools = scripted_registry(ScriptedTool("step", log=log, returns="done"))
+    dag = build_plan_dag("inproc_chain_order", planner=ScriptedPlanner(plan), tools=tools)
+    session = run_session(dag, {"goal": "a chain"})
+
+    assert session.runs[0].node_states == dict.fromkeys(ids, "success")
+    assert [call["node"] for call in log.calls()] == ids
+    with create_session() as db:
+        reschedules = (
+            db.query(TaskReschedule)
+            .join(TaskInstance, TaskReschedule.ti_id == TaskInstance.id)
+            .filter(TaskInstance.dag_id == "inproc_chain_order")
+            .count()
+        )
+    assert reschedules == 0
