@@ -61,7 +61,7 @@ from typing import Any, cast
 from airflow_plan_provider.contract import RESULT_KEY, labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
 from harness.processes import family, pid_alive, signal_all, terminate_group
-from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, copy_template, locked, migrated_template, save_template
+from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked, migrate_or_copy_template
 
 __all__ = [
     "COMPONENTS",
@@ -535,19 +535,7 @@ class AirflowCluster:
     def _migrate(self) -> None:
         """``airflow db migrate``; a SQLite database not there yet starts as a copy of the one this
         environment's Airflow migrated last (:func:`~harness.sqlite.migrated_template`), if any."""
-        database, template = self._new_sqlite_file(), migrated_template()
-        if database is not None and copy_template(template, database):
-            return
-        self._run_migrate()
-        if database is not None:
-            save_template(database, template)
-
-    def _new_sqlite_file(self) -> Path | None:
-        """The SQLite database file when it does not exist yet, else None."""
-        if not self.database_url.startswith("sqlite:///"):
-            return None
-        path = Path(self.database_url.removeprefix("sqlite:///"))
-        return path if path.is_absolute() and not path.exists() else None
+        migrate_or_copy_template(self.database_url, self._run_migrate)
 
     def _run_migrate(self) -> None:
         log = self.log_dir / "db-migrate.log"

@@ -37,6 +37,7 @@ import os
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,24 @@ def copy_template(template: Path, database: Path) -> bool:
     with contextlib.closing(source), contextlib.closing(sqlite3.connect(database)) as copy:
         source.backup(copy)  # Airflow opens it in write-ahead-log mode again
     return True
+
+
+def new_sqlite_file(database_url: str) -> Path | None:
+    """The SQLite database file of ``database_url`` when it does not exist yet, else None (another
+    database, or a file used before: migrated, not replaced)."""
+    if not database_url.startswith("sqlite:///"):
+        return None
+    path = Path(database_url.removeprefix("sqlite:///"))
+    return path if path.is_absolute() and not path.exists() else None
+
+
+def migrate_or_copy_template(database_url: str, migrate: Callable[[], None]) -> None:
+    """``migrate()`` (``airflow db migrate``), unless the database is a SQLite file not there yet and
+    :func:`migrated_template` has a copy to start it from; a file ``migrate()`` made new is kept as that
+    template."""
+    database, template = new_sqlite_file(database_url), migrated_template()
+    if database is not None and copy_template(template, database):
+        return
+    migrate()
+    if database is not None:
+        save_template(database, template)

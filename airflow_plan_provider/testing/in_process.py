@@ -126,7 +126,8 @@ def run_session(
         runs.append(_test(dag, prepared, run_id=run_id))
 
     _write_to_db(dag)
-    with _next_revision_first(start_next_revision, problems):
+    # every revision's dag.test() runs inside the root run's (start_next_revision)
+    with _next_revision_first(start_next_revision, problems), _mapped_instances_in_map_index_order():
         root = _test(dag, conf, run_id=None, logical_date=logical_date)
     if problems:
         raise problems[0]
@@ -159,14 +160,15 @@ def run_plan_dag(
         ``dag.test()`` makes one.
     """
     _write_to_db(dag)
-    return _test(
-        dag,
-        conf,
-        run_id=run_id,
-        logical_date=logical_date,
-        run_after=run_after,
-        mark_success_pattern=f"^{REPLAN_TASK}$",
-    )
+    with _mapped_instances_in_map_index_order():
+        return _test(
+            dag,
+            conf,
+            run_id=run_id,
+            logical_date=logical_date,
+            run_after=run_after,
+            mark_success_pattern=f"^{REPLAN_TASK}$",
+        )
 
 
 def node_states(dag_id: str, run_id: str, group: str | None = None) -> dict[str, str]:
@@ -215,7 +217,7 @@ def _test(
     A run always gets a logical date (now by default): ``dag.test()`` clears the task instances of
     every run at its logical date first, and with none, of every run of the DAG.
     """
-    with _next_run_id(run_id), _hitl_triggers_in_process(), _mapped_instances_in_map_index_order():
+    with _next_run_id(run_id), _hitl_triggers_in_process():
         run: DagRun = dag.test(
             run_conf=dict(conf or {}),
             logical_date=logical_date or datetime.now(UTC),
@@ -248,11 +250,6 @@ def _next_run_id(run_id: str | None) -> Iterator[None]:
         yield
 
 
-#: whether :func:`_mapped_instances_in_map_index_order` is active (a replan run's ``dag.test()`` runs
-#: inside its parent's)
-_IN_MAP_INDEX_ORDER: list[bool] = []
-
-
 @contextmanager
 def _mapped_instances_in_map_index_order() -> Iterator[None]:
     """Run a mapped task's scheduled instances in map-index order, as the scheduler hands out their slots.
@@ -264,17 +261,14 @@ def _mapped_instances_in_map_index_order() -> Iterator[None]:
     scheduled instances of the same task and run below it run first, and an instance run that way is
     not run again when its own turn comes.
     """
-    if _IN_MAP_INDEX_ORDER:
-        yield
-        return
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
 
     from airflow_plan_provider.compat import wrap_in_process_task_runner
 
-    def scheduled_below(ti: Any) -> tuple[bool, list[Any]]:
-        """Whether ``ti`` is still scheduled, and the scheduled instances of its task below it."""
+    def scheduled_up_to(ti: Any) -> list[Any]:
+        """The scheduled instances of ``ti``'s task and run up to ``ti``'s map index, in that order."""
         with create_session() as session:
             rows = (
                 session.query(TaskInstance)
@@ -285,27 +279,23 @@ def _mapped_instances_in_map_index_order() -> Iterator[None]:
                 .all()
             )
             session.expunge_all()
-        return any(row.map_index == ti.map_index for row in rows), rows[:-1] if rows else []
+        return rows
 
     def in_map_index_order(run_task: Callable[..., Any]) -> Callable[..., Any]:
         def run_in_map_index_order(*, ti: Any, task: Any, **kwargs: Any) -> Any:
             if ti.map_index < 0:
                 return run_task(ti=ti, task=task, **kwargs)
-            scheduled, below = scheduled_below(ti)
-            if not scheduled:
+            scheduled = scheduled_up_to(ti)
+            if not scheduled or scheduled[-1].map_index != ti.map_index:
                 return None  # it ran already, before an instance above it
-            for earlier in below:
+            for earlier in scheduled[:-1]:
                 run_task(ti=earlier, task=task, **kwargs)
             return run_task(ti=ti, task=task, **kwargs)
 
         return run_in_map_index_order
 
-    _IN_MAP_INDEX_ORDER.append(True)
-    try:
-        with wrap_in_process_task_runner(in_map_index_order):
-            yield
-    finally:
-        _IN_MAP_INDEX_ORDER.pop()
+    with wrap_in_process_task_runner(in_map_index_order):
+        yield
 
 
 @contextmanager

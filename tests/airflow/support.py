@@ -11,24 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider.contract import RESULT_KEY
-from harness.sqlite import copy_template, migrated_template, save_template
+from harness.sqlite import migrate_or_copy_template
 
 
 @cache
 def migrate_db() -> None:
-    """The test process's SQLite database (tests/conftest.py names it), migrated: a copy of the one this
-    environment's Airflow migrated last (harness.sqlite.migrated_template) where there is one, as the
-    clusters start theirs, else ``airflow db migrate`` (about 6 s of CPU), kept as that template."""
-    url = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-    database = Path(url.removeprefix("sqlite:///"))
-    empty = not database.exists() or database.stat().st_size == 0
-    fresh, template = url.startswith("sqlite:///") and empty, migrated_template()
-    if fresh and copy_template(template, database):
-        return
+    """The test process's database (tests/conftest.py names it), migrated: a SQLite file not there yet
+    starts as a copy of the one this environment's Airflow migrated last, as the clusters' do
+    (:func:`harness.sqlite.migrate_or_copy_template`; ``airflow db migrate`` costs about 6 s of CPU)."""
     airflow = Path(sys.executable).with_name("airflow")
-    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
-    if fresh:
-        save_template(database, template)
+    migrate_or_copy_template(
+        os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+        lambda: subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True),
+    )
 
 
 def task_states(dag_run: Any) -> dict[str, str]:

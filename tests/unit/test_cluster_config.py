@@ -11,7 +11,14 @@ import sys
 import pytest
 
 from harness.cluster import AirflowCluster, async_database_url
-from harness.sqlite import API_SERVER_CONNECT_ARGS, CONNECT_ARGS, LOCK_TIMEOUT, copy_template, save_template
+from harness.sqlite import (
+    API_SERVER_CONNECT_ARGS,
+    CONNECT_ARGS,
+    LOCK_TIMEOUT,
+    copy_template,
+    new_sqlite_file,
+    save_template,
+)
 
 
 def test_async_url_is_the_same_database_through_the_asyncio_driver():
@@ -143,8 +150,10 @@ def test_a_new_sqlite_database_starts_as_a_copy_of_the_last_migrated_one(tmp_pat
 
 def test_only_a_sqlite_file_not_there_yet_is_copied(tmp_path):
     sqlite_cluster = AirflowCluster(tmp_path, home=tmp_path / "home")
-    assert sqlite_cluster._new_sqlite_file() == tmp_path / "home" / "airflow.db"
+    assert new_sqlite_file(sqlite_cluster.database_url) == tmp_path / "home" / "airflow.db"
     (tmp_path / "home" / "airflow.db").write_bytes(b"")  # a home used before: migrated, not replaced
-    assert sqlite_cluster._new_sqlite_file() is None
+    assert new_sqlite_file(sqlite_cluster.database_url) is None
     url = "postgresql+psycopg2://postgres@127.0.0.1:5432/plan_e2e_1"
-    assert AirflowCluster(tmp_path, home=tmp_path / "pg", database_url=url)._new_sqlite_file() is None
+    assert (
+        new_sqlite_file(AirflowCluster(tmp_path, home=tmp_path / "pg", database_url=url).database_url) is None
+    )
