@@ -68,8 +68,13 @@ class Session:
 
     def finished(self) -> None:
         """Wait for the whole chain: the root run ends after its replan run."""
+        self.start()
         state = self.cluster.wait_for_run(DAG, self.root, timeout=RUN_TIMEOUT)
         assert state == "success", self.cluster.diagnostics()
+
+    def start(self) -> None:
+        """Let the session's queued run start (its DAG is paused until a page is open to watch it)."""
+        self.cluster.unpause(DAG)
 
     @property
     def password(self) -> str:
@@ -100,6 +105,8 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
     }
     files = (*EXAMPLE_FILES, ROOT / "dags" / "plan_and_publish.py")
     with plan_cluster(base, files, [DAG, PUBLISH], env=env) as cluster:
+        # the session waits, queued, until the first test has its page open (it unpauses the DAG)
+        cluster.pause(DAG)
         root = cluster.trigger(DAG, {"goal": GOAL})
         rejected = cluster.trigger(PUBLISH)
         yield Session(cluster, root, f"{root}__replan_1", rejected)
@@ -245,47 +252,55 @@ def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index:
 
 
 def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) -> None:
-    """Opened right after the trigger, the page redraws itself (no reload) until the chain is over."""
+    """Opened before the session starts (its run queued), the Plan tab redraws itself (no reload) as the
+    plan is made and its nodes run, until the chain is over."""
     from selenium.webdriver.common.by import By
 
-    # while the session runs: the run page and its Plan tab show no "null" and no raw key
     browser.switch_to.frame(open_plan_tab(browser, session, session.root))
     try:
-        wait_loaded(browser, RUN_TIMEOUT)  # once the plan is made
-        assert browser.execute_script("return document.body.dataset.finished;") == "false"
-        assert browser.find_element(By.ID, "session-state").text == "running"
-        assert_clean(browser, "the Plan tab of a running session")
+        wait(browser, lambda d: d.find_elements(By.ID, "session-state"))
+        assert browser.execute_script("return document.body.dataset.finished;") != "true"
+        assert_clean(browser, "the Plan tab of a queued session")
+        browser.execute_script("window.openedOnce = true;")
+        session.start()
+        seen: list[dict[str, str]] = []
+        runs_seen: set[int] = set()
+        shown_while_running: set[str] = set()
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while True:
+            snapshot = browser.execute_script(
+                "return {loaded: document.body.dataset.loaded, finished: document.body.dataset.finished,"
+                " runs: document.querySelectorAll('#chain [data-run-id]').length,"
+                " session: (document.getElementById('session-state') || {}).textContent};"
+            )
+            states = drawn_states(browser)
+            if states and (not seen or seen[-1] != states):
+                seen.append(states)
+            runs_seen.add(snapshot["runs"])
+            if snapshot["finished"] == "true":
+                break
+            if states:
+                shown_while_running.add(snapshot["session"])
+                if len(seen) == 1:
+                    assert_clean(browser, "the Plan tab of a running session")
+                    shot(browser, "00_plan_tab_while_running")
+            assert_clean(browser, "the plan view of a running session")
+            assert time.monotonic() < deadline, f"the view did not see the session end; states seen: {seen}"
+            time.sleep(0.5)
+        session.finished()
+        assert browser.execute_script("return window.openedOnce === true;")  # the same page all along
+        assert seen[-1] == session.cluster.node_states(DAG, session.root)
+        assert len(seen) >= 2, seen  # it showed the states change
+        assert any(state != "success" for state in seen[0].values()), seen  # from before the nodes ran
+        # running while its nodes ran (success once the outcome is written, before the run's state is)
+        assert "running" in shown_while_running, shown_while_running
+        assert shown_while_running <= {"running", "success"}, shown_while_running
+        assert {1, 2} <= runs_seen  # and the replan run join the chain
+        assert_clean(browser, "the plan view of a finished session")
     finally:
         browser.switch_to.default_content()
     wait(browser, lambda d: "Run Type" in d.find_element(By.TAG_NAME, "body").text)
-    assert_clean(browser, "the run page of a running session")
-    shot(browser, "00_plan_tab_while_running")
-
-    browser.get(session.url(f"/plan-view/dags/{DAG}/runs/{quoted(session.root)}"))
-    browser.execute_script("window.openedOnce = true;")
-    seen: list[dict[str, str]] = []
-    runs_seen: set[int] = set()
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
-        snapshot = browser.execute_script(
-            "return {loaded: document.body.dataset.loaded, finished: document.body.dataset.finished,"
-            " runs: document.querySelectorAll('#chain [data-run-id]').length};"
-        )
-        states = drawn_states(browser)
-        if states and (not seen or seen[-1] != states):
-            seen.append(states)
-        runs_seen.add(snapshot["runs"])
-        if snapshot["finished"] == "true":
-            break
-        assert_clean(browser, "the plan view of a running session")
-        assert time.monotonic() < deadline, f"the view did not see the session end; states seen: {seen}"
-        time.sleep(0.5)
-    session.finished()
-    assert browser.execute_script("return window.openedOnce === true;")  # the same page all along
-    assert seen[-1] == session.cluster.node_states(DAG, session.root)
-    assert len(seen) >= 2, seen  # it showed the states change
-    assert {1, 2} <= runs_seen  # and the replan run join the chain
-    assert_clean(browser, "the plan view of a finished session")
+    assert_clean(browser, "the run page of a finished session")
     shot(browser, "00_live_view_at_the_end")
 
 
