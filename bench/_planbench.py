@@ -15,7 +15,9 @@ What is measured (wall-clock seconds, reported and never asserted):
   the static DAG's tasks alike, so both are measured the same way;
 - slots: the periods a node task instance holds a worker slot, read from its own log file (a process
   starts at ``::group::Pre Execute`` and gives the slot back when it ends or pauses as DEFERRED; the
-  task instance's ``start_date`` stays the first start across a deferral, so it cannot tell this).
+  task instance's ``start_date`` stays the first start across a deferral, so it cannot tell this);
+- **scheduler loop**: the scheduler's own timing of each scheduling loop (StatsD
+  ``scheduler.scheduler_loop_duration``, received by :mod:`_statsd`) while the run was on, trigger to end.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
+from _statsd import SCHEDULER_LOOP, StatsdReceiver, percentile
+
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
+from harness.servers import RedisServer
 
 Plan = dict[str, Any]
 DATABASES = ("sqlite", "postgresql")
@@ -252,11 +257,28 @@ def _log(node, key, event):
 """
 
 
-def static_dag_source(dag_id: str, plan: Plan, seconds: Mapping[str, float], calls: Path, cap: int) -> str:
+def static_dag_source(
+    dag_id: str,
+    plan: Plan,
+    seconds: Mapping[str, float],
+    calls: Path,
+    cap: int,
+    *,
+    pool: str | None = None,
+    max_active_runs: int = 16,
+) -> str:
     """An ordinary Airflow DAG with one PythonOperator per plan node (sleeping its seconds times the run
-    conf's ``scale``) and the plan's edges as task dependencies, ``max_active_tasks=cap``. Imports Airflow
-    and the stdlib only; logs each sleep to the same call log as the plan DAG's tools."""
-    kwargs = {"schedule": None, "catchup": False, "max_active_tasks": cap, "max_active_runs": 16}
+    conf's ``scale``) and the plan's edges as task dependencies, ``max_active_tasks=cap``, every task in
+    ``pool`` if given. Imports Airflow and the stdlib only; logs each sleep to the same call log as the
+    plan DAG's tools."""
+    kwargs: dict[str, Any] = {
+        "schedule": None,
+        "catchup": False,
+        "max_active_tasks": cap,
+        "max_active_runs": max_active_runs,
+    }
+    if pool:
+        kwargs["default_args"] = {"pool": pool}
     return (
         textwrap.dedent(
             f'''
@@ -350,6 +372,7 @@ class Run:
     run_end: float
     tis: list[dict[str, Any]]
     tools: dict[str, tuple[float, float]]  # node id → tool call (start, end)
+    loop_ms: list[float] = field(default_factory=list)  # the scheduler's loops while the run was on
     first_start: float = 0.0
     last_end: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -398,21 +421,47 @@ class Bench:
         self.calls = self.calls_folder / "calls.jsonl"
         self.cluster: AirflowCluster | None = None
         self._stack = ExitStack()
+        self.metrics = StatsdReceiver()  # for as long as the benchmark runs (its thread is a daemon)
 
     def write_dag(self, dag_id: str, source: str) -> None:
         (self.dags / f"{dag_id}.py").write_text(source)
 
     def start(
-        self, *, parallelism: int, dag_ids: Sequence[str], env: Mapping[str, str] | None = None
+        self,
+        *,
+        parallelism: int,
+        dag_ids: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        celery_workers: Sequence[str] = (),
+        worker_concurrency: int | None = None,
     ) -> AirflowCluster:
-        """Start the cluster (``env``: more environment for its processes) and unpause ``dag_ids``."""
+        """Start the cluster (``env``: more environment for its processes) and unpause ``dag_ids``. With
+        ``celery_workers``, the CeleryExecutor with those workers (``worker_concurrency`` slots each) and
+        a Redis server of its own as the broker (the database must be PostgreSQL)."""
         t0 = time.monotonic()
         url = None
         if self.database == "postgresql":
             url = self._stack.enter_context(PostgresDatabase(prefix="plan_bench")).url
-        env = {"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism), **(env or {})}
+        options: dict[str, Any] = {}
+        if celery_workers:
+            redis = self._stack.enter_context(RedisServer())
+            options = {"broker_url": redis.url, "celery_workers": tuple(celery_workers)}
+            if worker_concurrency:
+                options["worker_concurrency"] = worker_concurrency
+        env = {
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism),
+            **self.metrics.env(),
+            **(env or {}),
+        }
         self.cluster = self._stack.enter_context(
-            AirflowCluster(self.dags, env=env, parallelism=parallelism, startup_timeout=180, database_url=url)
+            AirflowCluster(
+                self.dags,
+                env=env,
+                parallelism=parallelism,
+                startup_timeout=180,
+                database_url=url,
+                **options,
+            )
         )
         for dag_id in dag_ids:
             self.cluster.wait_for_dag(dag_id, timeout=240)
@@ -448,7 +497,8 @@ class Bench:
         ]
         end = ts(run["end_date"])
         assert end is not None, run
-        result = Run(dag_id, run_id, state, t_trigger, end, tis, self.tool_spans(run_id))
+        loops = self.metrics.timings(SCHEDULER_LOOP, t_trigger, end)
+        result = Run(dag_id, run_id, state, t_trigger, end, tis, self.tool_spans(run_id), loops)
         if state != "success":
             log(f"{dag_id} {run_id} ended {state}:\n{self.cluster.diagnostics()}")
         return result
@@ -666,6 +716,20 @@ def run_figures(runs: Sequence[Run]) -> dict[str, Any]:
         "makespan": median(r.makespan for r in runs),
         "trigger_to_done": median(r.trigger_to_done for r in runs),
         "raw": [round(r.makespan, 1) for r in runs],
+        **loop_figures(runs),
+    }
+
+
+def loop_figures(runs: Sequence[Run]) -> dict[str, Any]:
+    """The scheduler's loop time over ``runs`` (medians over the runs of each run's median and p95 ms,
+    and of its loops per second), when the scheduler's timings were received."""
+    timed = [r for r in runs if r.loop_ms]
+    if not timed:
+        return {}
+    return {
+        "loop ms": median(statistics.median(r.loop_ms) for r in timed),
+        "loop p95 ms": median(percentile(r.loop_ms, 0.95) or 0.0 for r in timed),
+        "loops/s": median(len(r.loop_ms) / max(r.run_end - r.trigger, 1e-9) for r in timed),
     }
 
 

@@ -1,43 +1,56 @@
-"""Twenty concurrent plan runs sharing one Airflow pool: throughput, and the pool limit held.
+"""Many concurrent sessions sharing one Airflow pool: throughput next to the same work as static DAG runs,
+and the pool limit held; optionally on the CeleryExecutor with several workers (scale-out).
 
-Each run executes the same 20-node plan (4 layers of 5; node i of layer k needs nodes i and i+1 of
+Each session runs the same 20-node plan (4 layers of 5; node i of layer k needs nodes i and i+1 of
 layer k-1; every tool call sleeps 1 s). The plan DAG is built with ``pool="bench_pool"`` (created through
-``POST /api/v2/pools`` with 8 slots, deferred instances not counted) so the node instances of every run
-share 8 slots; the plan and finalize tasks use the default pool. LocalExecutor ``parallelism`` is 16 (and
-``max_active_nodes`` above it) so that the pool, not the executor, is the binding limit on node tasks. The 20
-runs are triggered back to back and the script waits for all of them.
+``POST /api/v2/pools`` with 8 slots, deferred instances not counted) so the node instances of every
+session share 8 slots; its plan and finalize tasks use the default pool. The static DAG has one
+``PythonOperator`` per node, the plan's edges as dependencies, every task in the same pool. Executor
+``parallelism`` is 16 (and ``max_active_nodes`` above it) so that the pool, not the executor, is the
+binding limit. A round triggers ``--runs`` plan sessions back to back and waits for all of them, then
+``--runs`` static runs the same way; ``--repeat`` rounds, medians printed.
 
-Printed: throughput in nodes per minute over the window from the first task start to the last task end,
-the ideal for 8 slots (400 node-seconds / 8 = 50 s), pool utilisation (tool-seconds / (8 x window)),
-per-run makespans, and the peak number of node task processes (from their logs: a deferred instance
-holds no slot) and of tool calls running at once (must be ≤ 8).
+Printed per DAG: throughput in nodes per minute over the window from the first task start to the last
+task end, its ratio to the static DAG's, the ideal for the pool (node-seconds / slots), pool
+utilisation (tool-seconds / (slots x window)), per-run makespans, the slot-seconds a node held, the peak
+number of node task processes (from their logs: a deferred instance holds no slot) and of tool calls
+at once (must be ≤ the pool), the scheduler's loop time, and with Celery the nodes each worker ran.
 
 Run::
 
-    .venv/bin/python bench/concurrent_runs.py [--runs 20] [--slots 8] [--sleep 1] [--db sqlite]
+    .venv/bin/python bench/concurrent_runs.py [--runs 20] [--slots 8] [--sleep 1] [--db sqlite] [--repeat 3]
+    # scale-out: CeleryExecutor, PostgreSQL, a Redis server of its own, 2 workers of 8 slots
+    .venv/bin/python bench/concurrent_runs.py --db postgresql --celery-workers 2 --runs 10
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import (
     DATABASES,
     Bench,
+    Run,
     load_note,
     log,
     median,
     peak_overlap,
     plan_dag_source,
+    static_dag_source,
     work_plan,
 )
+from _statsd import SCHEDULER_LOOP, percentile
 
-DAG_ID = "bench_concurrent_plan"
+PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
 POOL = "bench_pool"
 LAYERS, WIDTH = 4, 5
 PARALLELISM = 16
@@ -55,13 +68,71 @@ def make_plan() -> dict:
     return {"goal": "concurrent runs bench", "nodes": nodes, "edges": edges}
 
 
+def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> list[Run]:
+    """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended."""
+    assert bench.cluster is not None
+    t_first = time.time()
+    triggered = [(bench.cluster.trigger(dag_id, conf), time.time()) for _ in range(runs)]
+    out = []
+    for run_id, t_trigger in triggered:
+        state = bench.cluster.wait_for_run(dag_id, run_id, timeout=1200, poll=1.0)
+        out.append(bench.collect(dag_id, run_id, t_trigger, state))
+    log(f"{dag_id}: {runs} runs ended {time.time() - t_first:.0f}s after the first trigger")
+    return out
+
+
+def figures(bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: float) -> dict[str, Any]:
+    """One batch's figures (JSON-able)."""
+    node_tis = [ti for run in runs for ti in run.node_tis().values()]
+    # slots a node task holds: one period per task process (a deferral gives the slot back)
+    segments = [s for run in runs for ti in run.node_tis().values() for s in bench.process_segments(run, ti)]
+    tools = [span for run in runs for span in run.tools.values()]
+    tool_seconds = sum(end - start for start, end in tools)
+    window = max(r.last_end for r in runs) - min(r.first_start for r in runs)
+    total = n_nodes * len(runs)
+    held = sum(end - start for start, end in segments)
+    makespans = sorted(r.makespan for r in runs)
+    # the scheduler's loops while any run of the batch was on
+    loops = bench.metrics.timings(SCHEDULER_LOOP, min(r.trigger for r in runs), max(r.run_end for r in runs))
+    return {
+        "pool slots": slots,
+        "states": dict(Counter(r.state for r in runs)),
+        "tool calls": len(tools),
+        "expected": total,
+        "window s": window,
+        "nodes/min": total / window * 60,
+        "ideal nodes/min": slots / sleep * 60,
+        "pool utilisation": tool_seconds / (slots * window),
+        "makespan min/median/max": [makespans[0], median(makespans), makespans[-1]],
+        "slot-s per node": held / max(len(node_tis), 1),
+        "tool share of slot time": tool_seconds / held if held else None,
+        "peak slots": peak_overlap(segments),
+        "peak tools": peak_overlap(tools),
+        "per worker": dict(Counter(str(ti.get("hostname") or "?") for ti in node_tis)),
+        "loop ms": statistics.median(loops) if loops else None,
+        "loop p95 ms": percentile(loops, 0.95),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--sleep", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=20, help="sessions (and static runs) at once")
+    parser.add_argument("--slots", type=int, default=8, help="slots of the shared pool")
+    parser.add_argument("--sleep", type=float, default=1.0, help="seconds each tool call sleeps")
     parser.add_argument("--db", choices=DATABASES, default="sqlite", help="metadata database")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of (plan batch, static batch)")
+    parser.add_argument(
+        "--celery-workers", type=int, default=0, help="run the CeleryExecutor with this many workers"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--report", type=Path, help="print the table of a --json file; run nothing")
     args = parser.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        report(saved["header"], saved["rounds"])
+        return 0
+    if args.celery_workers and args.db != "postgresql":
+        parser.error("the CeleryExecutor needs --db postgresql")
 
     plan = make_plan()
     n_nodes = len(plan["nodes"])
@@ -69,82 +140,109 @@ def main() -> int:
     bench = Bench("bench-concurrent", args.db)
     load_before = load_note()
     bench.write_dag(
-        DAG_ID, plan_dag_source(DAG_ID, bench.calls_folder, PARALLELISM, pool=POOL, max_active_runs=args.runs)
+        PLAN_DAG,
+        plan_dag_source(PLAN_DAG, bench.calls_folder, PARALLELISM, pool=POOL, max_active_runs=args.runs),
     )
+    bench.write_dag(
+        STATIC_DAG,
+        static_dag_source(
+            STATIC_DAG, plan, seconds, bench.calls, PARALLELISM, pool=POOL, max_active_runs=args.runs
+        ),
+    )
+    workers = [f"worker-{chr(ord('a') + i)}" for i in range(args.celery_workers)]
+    executor = (
+        f"CeleryExecutor, {len(workers)} workers of {PARALLELISM // max(len(workers), 1)} slots"
+        if workers
+        else "LocalExecutor"
+    )
+    rounds: list[dict[str, Any]] = []
     try:
-        cluster = bench.start(parallelism=PARALLELISM, dag_ids=[DAG_ID])
+        cluster = bench.start(
+            parallelism=PARALLELISM,
+            dag_ids=[PLAN_DAG, STATIC_DAG],
+            celery_workers=workers,
+            worker_concurrency=PARALLELISM // max(len(workers), 1) if workers else None,
+        )
         cluster.api(
             "POST",
             "/pools",
             {"name": POOL, "slots": args.slots, "description": "bench", "include_deferred": False},
         )
         conf = {"goal": plan["goal"], "plan": work_plan(plan, seconds)}
-        triggered = []
-        t_first = time.time()
-        for _ in range(args.runs):
-            triggered.append((cluster.trigger(DAG_ID, conf), time.time()))
-        log(f"triggered {args.runs} runs in {time.time() - t_first:.1f}s")
-        runs = []
-        for run_id, t_trigger in triggered:
-            state = cluster.wait_for_run(DAG_ID, run_id, timeout=900, poll=1.0)
-            runs.append(bench.collect(DAG_ID, run_id, t_trigger, state))
-        log(f"all runs ended {time.time() - t_first:.0f}s after the first trigger")
-        # slots a node task holds: one period per task process (a deferral gives the slot back)
-        segments = [
-            s for run in runs for ti in run.node_tis().values() for s in bench.process_segments(run, ti)
-        ]
-        pool = cluster.api("GET", f"/pools/{POOL}")
+        # one unmeasured session and static run: every worker process has started
+        batch(bench, PLAN_DAG, conf, 1)
+        batch(bench, STATIC_DAG, {}, 1)
+        for round_ in range(1, args.repeat + 1):
+            measured = {}
+            for kind, dag_id, dag_conf in (("plan", PLAN_DAG, conf), ("static", STATIC_DAG, {})):
+                measured[kind] = figures(
+                    bench, batch(bench, dag_id, dag_conf, args.runs), n_nodes, args.slots, args.sleep
+                )
+                log(f"round {round_} {kind}: {measured[kind]['nodes/min']:.0f} nodes/min")
+            rounds.append(measured)
+            header = [
+                f"Concurrent sessions: {args.runs} x {n_nodes} nodes ({LAYERS} layers of {WIDTH}, tools"
+                f" sleep {args.sleep:g} s), pool {POOL} of {args.slots} slots, parallelism {PARALLELISM},"
+                f" {executor}, {args.db}; {time.strftime('%Y-%m-%d %H:%M %Z')};"
+                f" {load_before} before, {load_note()} after",
+            ]
+            if args.json:
+                args.json.write_text(json.dumps({"header": header, "rounds": rounds}, default=str))
     finally:
         bench.stop()
+    report(header, rounds)
+    ok = all(
+        r[kind]["states"] == {"success": args.runs} and r[kind]["peak slots"] <= args.slots
+        for r in rounds
+        for kind in r
+    )
+    return 0 if ok else 1
 
-    tools = [span for run in runs for span in run.tools.values()]
-    tool_seconds = sum(end - start for start, end in tools)
-    states = [run.state for run in runs]
-    first_start = min(run.first_start for run in runs)
-    last_end = max(run.last_end for run in runs)
-    window = last_end - first_start
-    total_nodes = n_nodes * args.runs
-    ideal = total_nodes * args.sleep / args.slots
-    makespans = sorted(run.makespan for run in runs)
-    held = sum(end - start for start, end in segments)
-    node_tis = [ti for run in runs for ti in run.node_tis().values()]
 
+def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
+    print("\n" + "\n  ".join(header) + f"; medians of {len(rounds)} round(s)")
+
+    def med(kind: str, key: str) -> float:
+        return median(float(r[kind][key]) for r in rounds)
+
+    rows = [
+        ("nodes executed (tool calls)", "tool calls", "{:.0f}"),
+        ("window: first task start → last task end, s", "window s", "{:.1f}"),
+        ("throughput, nodes/min", "nodes/min", "{:.1f}"),
+        ("pool utilisation (tool-s / (slots x window))", "pool utilisation", "{:.2f}"),
+        ("slot-s held per node", "slot-s per node", "{:.2f}"),
+        ("tool share of slot time", "tool share of slot time", "{:.0%}"),
+        ("peak node task processes (pool)", "peak slots", "{:.0f}"),
+        ("peak tool calls at once", "peak tools", "{:.0f}"),
+        ("scheduler loop ms, median", "loop ms", "{:.0f}"),
+        ("scheduler loop ms, p95", "loop p95 ms", "{:.0f}"),
+    ]
+    print(f"  {'':<48}{'plan':>10}{'static':>10}{'plan/static':>13}")
+    for label, key, form in rows:
+        if not all(
+            key in r[kind] and r[kind][key] is not None for r in rounds for kind in ("plan", "static")
+        ):
+            continue
+        plan, static = med("plan", key), med("static", key)
+        ratio = f"{plan / static:.2f}" if static else "-"
+        print(f"  {label:<48}{form.format(plan):>10}{form.format(static):>10}{ratio:>13}")
+    for kind in ("plan", "static"):
+        spans = [r[kind]["makespan min/median/max"] for r in rounds]
+        print(
+            f"  {kind}: per-run makespan min / median / max "
+            + " / ".join(f"{median(s[i] for s in spans):.1f}" for i in range(3))
+            + " s; states "
+            + ", ".join(f"{k} x {v}" for k, v in rounds[-1][kind]["states"].items())
+            + "; nodes per worker (last round) "
+            + ", ".join(f"{k} {v}" for k, v in sorted(rounds[-1][kind]["per worker"].items()))
+        )
+    ideal = rounds[0]["plan"]["ideal nodes/min"]
+    plan_rate, static_rate = med("plan", "nodes/min"), med("static", "nodes/min")
     print(
-        f"\nConcurrent runs: {args.runs} plan runs x {n_nodes} nodes ({LAYERS} layers of {WIDTH},"
-        f" tools sleep {args.sleep:g} s), pool {POOL} with {args.slots} slots, parallelism {PARALLELISM},"
-        f" {args.db}; {time.strftime('%Y-%m-%d %H:%M %Z')}"
+        f"  throughput plan / static: {plan_rate / static_rate:.2f} x (target ≥ 0.9); ideal for the pool"
+        f" {ideal:.0f} nodes/min; pool limit held: "
+        + ("yes" if all(r[k]["peak slots"] <= r[k]["pool slots"] for r in rounds for k in r) else "NO")
     )
-    print(f"before: {load_before}; after: {load_note()}")
-    print(
-        f"run states: {', '.join(f'{s} x {states.count(s)}' for s in sorted(set(states)))}; "
-        f"node task instances: {len(node_tis)}, task processes (starts + resumes) {len(segments)};"
-        f" pool as read back: {pool['slots']} slots\n"
-    )
-    print(f"  {'nodes executed (tool calls)':<46}{len(tools):>8}   (expected {total_nodes})")
-    print(f"  {'window: first task start → last task end':<46}{window:>8.1f} s")
-    print(f"  {'first trigger → last task end':<46}{last_end - t_first:>8.1f} s")
-    print(f"  {'throughput':<46}{total_nodes / window * 60:>8.1f} nodes/min")
-    print(
-        f"  {'ideal with ' + str(args.slots) + ' slots (node-s / slots)':<46}{ideal:>8.1f} s  = "
-        f"{total_nodes / ideal * 60:.0f} nodes/min   (window / ideal = {window / ideal:.2f})"
-    )
-    print(
-        f"  {'pool utilisation (tool-s / (slots x window))':<46}{tool_seconds / (args.slots * window):>8.2f}"
-    )
-    print(
-        f"  {'per-run makespan min / median / max':<46}{makespans[0]:>8.1f} / {median(makespans):.1f}"
-        f" / {makespans[-1]:.1f} s"
-    )
-    print(
-        f"  {'slot-s held by node task processes':<46}{held:>8.1f} s   of which tool calls"
-        f" {tool_seconds:.1f} s ({tool_seconds / held:.0%}); per node {held / len(node_tis):.2f} s"
-    )
-    peak_slots, peak_tools = peak_overlap(segments), peak_overlap(tools)
-    print(
-        f"  {'peak node task processes / tool calls at once':<46}{peak_slots:>8} / {peak_tools}"
-        f"   pool limit {args.slots}: {'held' if peak_slots <= args.slots else 'EXCEEDED'}"
-    )
-    return 0 if all(s == "success" for s in states) and peak_slots <= args.slots else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A 500-node plan with 0.5 s tools: it completes, the node slots held at once stay within the cap, and
-its throughput.
+its throughput; with ``--wide-static``, next to the same plan as a static DAG, with the scheduler's loop
+time for each (StatsD ``scheduler.scheduler_loop_duration`` while the run is on).
 
 The plan has 20 layers of 25 nodes, each node with one parent in the layer before and up to two in
 earlier layers (seed 3), every tool sleeping 0.5 s: 250 s of tool time, critical path 10 s. With a cap
@@ -110,6 +111,22 @@ class Wide(Question):
                     f"{fmt(f['trigger_to_done']):>15}{n / f['makespan'] * 60:>10.0f}"
                     f"{f['makespan'] / ideal:>7.2f} |"
                     f" {slots:>16}{f.get('processes', '-'):>10}{f['tool peak']:>11}"
+                )
+        for database, r in results.items():
+            runs = r["runs"]
+            for kind, f in runs.items():
+                if "loop ms" in f:
+                    print(
+                        f"  {database} {kind}: scheduler loop {f['loop ms']:.0f} ms median,"
+                        f" {f['loop p95 ms']:.0f} ms p95, {f['loops/s']:.1f} loops/s"
+                    )
+            if "loop ms" in runs.get("plan", {}) and "loop ms" in runs.get("static", {}):
+                plan, static = runs["plan"], runs["static"]
+                loop = plan["loop ms"] / static["loop ms"]
+                print(
+                    f"  {database} plan / static: scheduler loop median {loop:.2f} x,"
+                    f" p95 {plan['loop p95 ms'] / static['loop p95 ms']:.2f} x;"
+                    f" throughput {static['makespan'] / plan['makespan']:.2f} x the static DAG's"
                 )
         for database, r in results.items():
             for kind, f in r["runs"].items():
