@@ -315,14 +315,22 @@ def static_dag_source(
 
 
 def plan_dag_source(
-    dag_id: str, calls_folder: Path, cap: int, max_nodes: int = 200, pool: str | None = None, **dag: Any
+    dag_id: str,
+    calls_folder: Path,
+    cap: int,
+    max_nodes: int = 200,
+    pool: str | None = None,
+    node_cap: int | str | None = "default",
+    **dag: Any,
 ) -> str:
     """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
     = ``cap``: at most ``cap`` task instances hold a worker slot; ``max_active_nodes`` = ``max_nodes``,
     so no node task cap counts the nodes that wait on the triggerer), ``max_nodes`` (also the step budget),
     ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
-    execution = f"max_active_nodes={max(cap, max_nodes)}, pool={pool!r}"
+    # ``node_cap``: the node task's max_active_nodes (None: no task-level cap); by default above the cap
+    nodes_cap = max(cap, max_nodes) if node_cap == "default" else node_cap
+    execution = f"max_active_nodes={nodes_cap!r}, pool={pool!r}"
     limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''

@@ -50,6 +50,7 @@ class Wide(Question):
 
     def __init__(self) -> None:
         self.repeat, self.static, self.cap = 1, False, 0
+        self.node_cap: int | str | None = "default"
         self.shape(LAYERS)
 
     def shape(self, layers: int) -> None:
@@ -62,14 +63,22 @@ class Wide(Question):
         parser.add_argument("--wide-repeat", type=int, default=1, help="runs of the 500-node plan")
         parser.add_argument("--wide-static", action="store_true", help="also run it as a static DAG")
         parser.add_argument("--wide-layers", type=int, default=LAYERS, help=f"layers of {WIDTH} nodes")
+        parser.add_argument(
+            "--wide-no-node-cap",
+            action="store_true",
+            help="build the plan DAG with max_active_nodes=None (no task-level cap on the node task)",
+        )
 
     def configure(self, args: argparse.Namespace) -> None:
         self.repeat, self.static, self.cap = args.wide_repeat, args.wide_static, args.cap
+        self.node_cap: int | str | None = None if args.wide_no_node_cap else "default"
         self.shape(args.wide_layers)
 
     def dags(self, bench: Bench, cap: int) -> dict[str, str]:
         out = {
-            PLAN_DAG: plan_dag_source(PLAN_DAG, bench.calls_folder, cap, max_nodes=len(self.plan["nodes"]))
+            PLAN_DAG: plan_dag_source(
+                PLAN_DAG, bench.calls_folder, cap, max_nodes=len(self.plan["nodes"]), node_cap=self.node_cap
+            )
         }
         if self.static:
             out[STATIC_DAG] = static_dag_source(STATIC_DAG, self.plan, self.seconds, bench.calls, cap)
