@@ -45,7 +45,7 @@ from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
-from _statsd import SCHEDULER_LOOP, StatsdReceiver, percentile
+from _statsd import SCHEDULER_LOOP, StatsdReceiver, loop_summary
 
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
@@ -320,7 +320,7 @@ def plan_dag_source(
     cap: int,
     max_nodes: int = 200,
     pool: str | None = None,
-    node_cap: int | str | None = "default",
+    node_cap: bool = True,
     **dag: Any,
 ) -> str:
     """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
@@ -328,9 +328,8 @@ def plan_dag_source(
     so no node task cap counts the nodes that wait on the triggerer), ``max_nodes`` (also the step budget),
     ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
-    # ``node_cap``: the node task's max_active_nodes (None: no task-level cap); by default above the cap
-    nodes_cap = max(cap, max_nodes) if node_cap == "default" else node_cap
-    execution = f"max_active_nodes={nodes_cap!r}, pool={pool!r}"
+    # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task
+    execution = f"max_active_nodes={max(cap, max_nodes) if node_cap else None}, pool={pool!r}"
     limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''
@@ -734,9 +733,9 @@ def loop_figures(runs: Sequence[Run]) -> dict[str, Any]:
     timed = [r for r in runs if r.loop_ms]
     if not timed:
         return {}
+    summaries = [loop_summary(r.loop_ms) for r in timed]
     return {
-        "loop ms": median(statistics.median(r.loop_ms) for r in timed),
-        "loop p95 ms": median(percentile(r.loop_ms, 0.95) or 0.0 for r in timed),
+        **{key: median(s[key] for s in summaries) for key in summaries[0]},
         "loops/s": median(len(r.loop_ms) / max(r.run_end - r.trigger, 1e-9) for r in timed),
     }
 

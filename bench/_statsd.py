@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +88,13 @@ def receiving() -> Iterator[StatsdReceiver]:
         yield receiver
     finally:
         receiver.close()
+
+
+def loop_summary(loop_ms: list[float]) -> dict[str, float]:
+    """The median and p95 of some scheduler loops' milliseconds (nothing for no loops)."""
+    if not loop_ms:
+        return {}
+    return {"loop ms": statistics.median(loop_ms), "loop p95 ms": percentile(loop_ms, 0.95) or 0.0}
 
 
 def percentile(values: list[float], fraction: float) -> float | None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections import Counter
@@ -48,7 +47,7 @@ from _planbench import (
     static_dag_source,
     work_plan,
 )
-from _statsd import SCHEDULER_LOOP, percentile
+from _statsd import SCHEDULER_LOOP, loop_summary
 
 PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
 POOL = "bench_pool"
@@ -83,9 +82,9 @@ def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> list[Ru
 
 def figures(bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: float) -> dict[str, Any]:
     """One batch's figures (JSON-able)."""
-    node_tis = [ti for run in runs for ti in run.node_tis().values()]
+    node_tis = [(run, ti) for run in runs for ti in run.node_tis().values()]
     # slots a node task holds: one period per task process (a deferral gives the slot back)
-    segments = [s for run in runs for ti in run.node_tis().values() for s in bench.process_segments(run, ti)]
+    segments = [s for run, ti in node_tis for s in bench.process_segments(run, ti)]
     tools = [span for run in runs for span in run.tools.values()]
     tool_seconds = sum(end - start for start, end in tools)
     window = max(r.last_end for r in runs) - min(r.first_start for r in runs)
@@ -108,9 +107,8 @@ def figures(bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: floa
         "tool share of slot time": tool_seconds / held if held else None,
         "peak slots": peak_overlap(segments),
         "peak tools": peak_overlap(tools),
-        "per worker": dict(Counter(str(ti.get("hostname") or "?") for ti in node_tis)),
-        "loop ms": statistics.median(loops) if loops else None,
-        "loop p95 ms": percentile(loops, 0.95),
+        "per worker": dict(Counter(str(ti.get("hostname") or "?") for _, ti in node_tis)),
+        **loop_summary(loops),
     }
 
 
@@ -150,18 +148,15 @@ def main() -> int:
         ),
     )
     workers = [f"worker-{chr(ord('a') + i)}" for i in range(args.celery_workers)]
-    executor = (
-        f"CeleryExecutor, {len(workers)} workers of {PARALLELISM // max(len(workers), 1)} slots"
-        if workers
-        else "LocalExecutor"
-    )
+    per_worker = PARALLELISM // len(workers) if workers else None
+    executor = f"CeleryExecutor, {len(workers)} workers of {per_worker} slots" if workers else "LocalExecutor"
     rounds: list[dict[str, Any]] = []
     try:
         cluster = bench.start(
             parallelism=PARALLELISM,
             dag_ids=[PLAN_DAG, STATIC_DAG],
             celery_workers=workers,
-            worker_concurrency=PARALLELISM // max(len(workers), 1) if workers else None,
+            worker_concurrency=per_worker,
         )
         cluster.api(
             "POST",

@@ -50,7 +50,7 @@ class Wide(Question):
 
     def __init__(self) -> None:
         self.repeat, self.static, self.cap = 1, False, 0
-        self.node_cap: int | str | None = "default"
+        self.node_cap = True
         self.shape(LAYERS)
 
     def shape(self, layers: int) -> None:
@@ -71,7 +71,7 @@ class Wide(Question):
 
     def configure(self, args: argparse.Namespace) -> None:
         self.repeat, self.static, self.cap = args.wide_repeat, args.wide_static, args.cap
-        self.node_cap: int | str | None = None if args.wide_no_node_cap else "default"
+        self.node_cap = not args.wide_no_node_cap
         self.shape(args.wide_layers)
 
     def dags(self, bench: Bench, cap: int) -> dict[str, str]:
