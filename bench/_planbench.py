@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import hashlib
 import itertools
 import json
 import os
@@ -240,6 +241,9 @@ def work_plan(plan: Plan, seconds: Mapping[str, float], scale: float = 1.0) -> P
 
 # ------------------------------------------------------------------------------------------ DAG files
 
+PLAN_IN_CONF_HELP = "trigger the plan DAG with the plan in the run's conf (default: its planner reads a file)"
+PLANS_FOLDER = "plans"  # of a bench, beside its call log's folder: the plan files its runs' confs name
+
 CALL_LOG_WRITER = """
 import json as _json, os as _os, time as _time
 
@@ -326,22 +330,36 @@ def plan_dag_source(
     """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
     = ``cap``: at most ``cap`` task instances hold a worker slot; ``max_active_nodes`` = ``max_nodes``,
     so no node task cap counts the nodes that wait on the triggerer), ``max_nodes`` (also the step budget),
-    ``pool`` and ``dag`` (more DAG arguments). It runs the plan given in the run's conf; its one tool
+    ``pool`` and ``dag`` (more DAG arguments). Its planner returns the plan in the file of the bench's
+    plans folder (beside ``calls_folder``) that the run's conf names as ``plan_file``
+    (:meth:`Bench.handed_over`); it also runs a plan given in the run's conf itself. Its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
     # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task
     execution = f"max_active_nodes={max(cap, max_nodes) if node_cap else None}, pool={pool!r}"
     limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''
-        """Bench: a plan DAG running the plan given in the run's conf."""
+        """Bench: a plan DAG running the plan its planner reads from the file the run's conf names."""
         import time
+        from pathlib import Path
 
         from airflow_plan_provider import Budgets, Limits, NodeExecution, build_plan_dag
         from airflow_plan_provider.testing.scripted import CallLog
         from airflow_plan_provider.tools.registry import ToolRegistry
 
         LOG = CallLog({str(calls_folder)!r})
+        PLANS = Path({str(calls_folder.parent / PLANS_FOLDER)!r})
         registry = ToolRegistry()
+
+
+        class PlanFiles:
+            """The plan in the plans folder's file that the run's conf names (``plan_file``)."""
+
+            def plan(self, request):
+                name = (request.conf or {{}}).get("plan_file")
+                if request.is_replan or not name:
+                    return None
+                return (PLANS / Path(name).name).read_text()
 
 
         @registry.tool(description="sleep for a while")
@@ -353,7 +371,7 @@ def plan_dag_source(
 
         dag = build_plan_dag(
             {dag_id!r},
-            planner=None,
+            planner=PlanFiles(),
             tools=registry,
             limits=Limits({limits}),
             budgets=Budgets(max_steps={max_nodes}),
@@ -415,10 +433,11 @@ class Run:
 class Bench:
     """A temporary dags folder and call log, and (once started) the cluster running them on ``database``."""
 
-    def __init__(self, prefix: str, database: str = "sqlite") -> None:
+    def __init__(self, prefix: str, database: str = "sqlite", *, plan_in_conf: bool = False) -> None:
         if database not in DATABASES:
             raise ValueError(f"database must be one of {DATABASES}, not {database!r}")
         self.database = database
+        self.plan_in_conf = plan_in_conf  # see handed_over
         self.root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         atexit.register(shutil.rmtree, self.root, ignore_errors=True)
         self.dags = self.root / "dags"
@@ -426,6 +445,8 @@ class Bench:
         self.calls_folder = self.root / "calls"
         self.calls_folder.mkdir()
         self.calls = self.calls_folder / "calls.jsonl"
+        self.plans = self.root / PLANS_FOLDER
+        self.plans.mkdir()
         self.cluster: AirflowCluster | None = None
         self._stack = ExitStack()
         self.metrics = StatsdReceiver()  # for as long as the benchmark runs (its thread is a daemon)
@@ -481,12 +502,26 @@ class Bench:
         self.cluster = None
 
     def run(self, dag_id: str, conf: Mapping[str, Any] | None = None, timeout: float = 1200) -> Run:
-        """Trigger, wait for the end, and read the run back (task instances, tool calls)."""
+        """Trigger (the conf :meth:`handed_over`), wait for the end, and read the run back (task instances,
+        tool calls)."""
         assert self.cluster is not None
         t_trigger = time.time()
-        run_id = self.cluster.trigger(dag_id, conf or {})
+        run_id = self.cluster.trigger(dag_id, self.handed_over(conf or {}))
         state = self.cluster.wait_for_run(dag_id, run_id, timeout=timeout, poll=0.25)
         return self.collect(dag_id, run_id, t_trigger, state)
+
+    def handed_over(self, conf: Mapping[str, Any]) -> dict[str, Any]:
+        """The conf to trigger a plan DAG with: a ``plan`` in ``conf`` goes to the plans folder and the
+        conf names its file (``plan_file``), so the plan DAG's planner returns it, as a planner would, and
+        the run's conf stays small. Airflow loads a run with each of its task instances and decodes the
+        run's conf once per instance: a 500-node plan in the conf (71 KB) cost the scheduler about 2 s per
+        loop, 73 % of its time. ``plan_in_conf`` keeps the plan in the conf, to measure that."""
+        if "plan" not in conf or self.plan_in_conf:
+            return dict(conf)
+        text = json.dumps(conf["plan"], sort_keys=True)
+        name = hashlib.sha256(text.encode()).hexdigest()[:16] + ".json"
+        (self.plans / name).write_text(text)
+        return {**{k: v for k, v in conf.items() if k != "plan"}, "plan_file": name}
 
     def collect(self, dag_id: str, run_id: str, t_trigger: float, state: str) -> Run:
         """A finished run read back: its task instances (REST API) and tool calls (call log)."""
@@ -753,6 +788,7 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
         help="LocalExecutor parallelism and every DAG's max_active_tasks",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file after every question")
+    parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
     parser.add_argument("--report", type=Path, help="print the tables of a --json file; run nothing")
     for question in questions:
         add = getattr(question, "add_arguments", None)
@@ -773,7 +809,7 @@ def main(questions: Sequence[Question], description: str, argv: Sequence[str] | 
         f" max_active_tasks {args.cap} (plan DAG max_active_nodes: its max_nodes); medians of {args.repeat}"
     ]
     for database in args.db:
-        bench = Bench("plan-bench", database)
+        bench = Bench("plan-bench", database, plan_in_conf=args.plan_in_conf)
         before = load_note()
         warm_up = warm_up_plan(args.cap)
         warm_seconds = {n["id"]: WARM_UP_SECONDS for n in warm_up["nodes"]}

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import (
     DATABASES,
+    PLAN_IN_CONF_HELP,
     Bench,
     Run,
     load_note,
@@ -71,6 +72,7 @@ def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> list[Ru
     """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended."""
     assert bench.cluster is not None
     t_first = time.time()
+    conf = bench.handed_over(conf)
     triggered = [(bench.cluster.trigger(dag_id, conf), time.time()) for _ in range(runs)]
     out = []
     for run_id, t_trigger in triggered:
@@ -123,6 +125,7 @@ def main() -> int:
         "--celery-workers", type=int, default=0, help="run the CeleryExecutor with this many workers"
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
     parser.add_argument("--report", type=Path, help="print the table of a --json file; run nothing")
     args = parser.parse_args()
     if args.report:
@@ -135,7 +138,7 @@ def main() -> int:
     plan = make_plan()
     n_nodes = len(plan["nodes"])
     seconds = {n["id"]: args.sleep for n in plan["nodes"]}
-    bench = Bench("bench-concurrent", args.db)
+    bench = Bench("bench-concurrent", args.db, plan_in_conf=args.plan_in_conf)
     load_before = load_note()
     bench.write_dag(
         PLAN_DAG,
