@@ -240,9 +240,22 @@ class PollingRecord(Model):
     events: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class SessionRef(Model):
+    """The session a replan run continues, as its conf names it: the revision and the runs before it.
+    The session itself stays in the parent run's XCom (``replan_conf`` of ``finalize``), where the
+    planning task reads it: Airflow decodes a run's conf with every task instance it loads, once per
+    instance, so a run's conf is kept small."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root_run_id: str
+    parent_run_id: str
+    revision: int
+
+
 class ReplanConf(Model):
-    """The conf of the next revision's run (XCom ``replan_conf`` of ``finalize``): the goal, and the
-    session so far as JSON (the planning task of that run verifies it against this XCom)."""
+    """The next revision's session (XCom ``replan_conf`` of ``finalize``): the goal, and the session so
+    far as JSON. The replan task starts that revision's run with :meth:`run_conf`."""
 
     goal: str = ""
     session: dict[str, Any]
@@ -250,6 +263,14 @@ class ReplanConf(Model):
     @property
     def state(self) -> SessionState:
         return SessionState.model_validate(self.session)
+
+    def run_conf(self) -> dict[str, Any]:
+        """The conf of the revision's run: the goal and a :class:`SessionRef`."""
+        state = self.state
+        ref = SessionRef(
+            root_run_id=state.root_run_id, parent_run_id=state.parent_run_id or "", revision=state.revision
+        )
+        return {"goal": self.goal, "session": ref.model_dump(mode="json")}
 
 
 # ------------------------------------------------------------------------------- how a run reports

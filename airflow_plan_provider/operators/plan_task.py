@@ -1,7 +1,7 @@
 """The planning task: ask the planner, validate (repairing while allowed), publish the plan and layers.
 
-A replan run's conf carries the session so far (locked outputs, root run, revision). The task accepts it
-only when it can prove the conf came from this DAG's own replan task
+A replan run's conf names the session so far (root run, parent run, revision); the task reads the session
+from the parent run's XCom, once it has proved the conf came from this DAG's own replan task
 (:mod:`~airflow_plan_provider.operators.session_trust`): a conf is user input.
 
 The task is retried when its worker is lost. A retry plans again: it repeats the conf checks and asks
@@ -78,8 +78,9 @@ class PlanOperator(BaseOperator):
 
     The run's conf (or the DAG's Params) gives ``goal``, optionally a ready ``plan`` (the planner is then
     skipped), ``max_steps`` and ``max_replans``. A replan run's conf carries ``goal`` and ``session``
-    only, exactly as the parent run's finalize task prepared them: the state of the session so far, from
-    which only the affected subgraph is planned again. Any other conf with a session is rejected.
+    only, the session named as the parent run's finalize task prepared it (its state, read from that
+    task's XCom, is the session so far, from which only the affected subgraph is planned again). Any
+    other conf with a session is rejected.
     An invalid plan fails this task with its problems in its log (the first
     :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS` and a count of the rest), and no
     node runs.

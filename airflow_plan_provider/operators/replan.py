@@ -62,13 +62,14 @@ class ReplanOperator(TriggerDagRunOperator):
         conf = ti.xcom_pull(task_ids=FINALIZE_TASK, key=REPLAN_CONF_KEY)
         if not conf:
             raise AirflowSkipException("no replan was prepared")
-        session = ReplanConf.model_validate(conf).state
+        prepared = ReplanConf.model_validate(conf)
+        session = prepared.state
         if self.trigger_dag_id != ti.dag_id:
             raise AirflowFailException(
                 f"replan task {ti.task_id!r} has trigger_dag_id {self.trigger_dag_id!r}; a replan run is "
                 f"a run of the same DAG, {ti.dag_id!r}"
             )
-        self.conf = conf
+        self.conf = prepared.run_conf()  # names the session; its run reads it from finalize's XCom
         self.trigger_run_id = replan_run_id(session.root_run_id, session.revision)
         self.note = f"revision {session.revision} of {session.root_run_id} (parent {ti.run_id})"
         if ti.get_dr_count(dag_id=ti.dag_id, run_ids=[self.trigger_run_id]) > 0:

@@ -2,8 +2,8 @@
 
 :func:`finish_session` ends the session (completed or failed) with its :class:`SessionResult`;
 :func:`prepare_replan` reports the run as replanned and returns the next revision's session, which the
-replan run's conf carries (:func:`~airflow_plan_provider.plan.session.replan_conf`). Both return new
-values and leave the given state unchanged.
+finalize task keeps for the replan run (:func:`~airflow_plan_provider.plan.session.replan_conf`). Both
+return new values and leave the given state unchanged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A plan session across revisions: the state each run carries, and the transitions that change it.
 
 One goal may take several runs of the plan DAG: revision 0 plans and executes; each replan starts a new
-run (revision n+1) whose conf carries a :class:`SessionState` with the locked nodes' outputs, the history
-and the budgets used so far. The session is a state machine; each transition is a function of typed
-values that returns the new state (its input is left unchanged)::
+run (revision n+1) that continues the :class:`SessionState` its parent run left in XCom, with the locked
+nodes' outputs, the history and the budgets used so far (its conf only names it). The session is a state
+machine; each transition is a function of typed values that returns the new state (its input is left
+unchanged)::
 
     start_session / continue_session   a run begins (a new goal, or a verified replan session)
       -> record_plan                   the validated plan, its execution order, revision and events
@@ -65,7 +66,8 @@ class LockedOutput(Model):
 
 
 class SessionState(Model):
-    """The session so far, as one run carries it (XCom ``session`` of ``plan``, and a replan run's conf).
+    """The session so far, as one run carries it (XCom ``session`` of ``plan``; ``replan_conf`` of
+    ``finalize`` for the next revision's run).
 
     Changed only by the transitions of this module and :mod:`~airflow_plan_provider.plan.conclusion`,
     each of which returns a new state and leaves its input as it was.
@@ -150,7 +152,8 @@ def replan_run_id(root_run_id: str, revision: int) -> str:
 
 
 def replan_conf(state: SessionState) -> dict[str, Any]:
-    """The conf of the run that plans and executes ``state`` (a session :func:`prepare_replan` made)."""
+    """What finalize prepares for the run that plans and executes ``state`` (a session
+    :func:`prepare_replan` made): its goal and the whole session (that run's conf only names it)."""
     return {"goal": state.goal, "session": state.model_dump(mode="json")}
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from unittest.mock import patch
@@ -55,7 +55,7 @@ class SessionError(RuntimeError):
 
 @dataclass(frozen=True)
 class RevisionRun:
-    """One run of a session: which revision, its run id and final state, and its nodes' states.
+    """One run of a session: which revision, its run id, conf and final state, and its nodes' states.
 
     ``node_states`` maps each plan node id to the state of its task instance in this run (``success``,
     ``failed``, ``skipped``, ``upstream_failed``, ...), read from each instance's ``id · action`` label.
@@ -66,6 +66,7 @@ class RevisionRun:
     revision: int
     state: str
     node_states: dict[str, str]
+    conf: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,10 @@ def run_session(
             return  # nothing to start: the replan task skips itself
         if 1 + len(runs) >= max_runs:  # the root run, and the revisions started so far
             raise SessionError(f"session of {dag.dag_id!r} needs more than max_runs={max_runs} runs")
-        state = ReplanConf.model_validate(prepared).state
+        replan = ReplanConf.model_validate(prepared)
+        state = replan.state
         run_id = replan_run_id(state.root_run_id, state.revision)
-        runs.append(_test(dag, prepared, run_id=run_id))
+        runs.append(_test(dag, replan.run_conf(), run_id=run_id))  # the conf the replan task gives
 
     _write_to_db(dag)
     # every revision's dag.test() runs inside the root run's (start_next_revision)
@@ -386,4 +388,5 @@ def _revision_run(dag_run: DagRun, group: str | None) -> RevisionRun:
         revision=int((conf.get("session") or {}).get("revision", 0)),
         state=state,
         node_states=node_states(dag_run.dag_id, dag_run.run_id, group),
+        conf=dict(conf),
     )

@@ -130,6 +130,7 @@ def test_example_dag_replans_node_5_and_reuses_the_queries(env: Env) -> None:
     session = cluster.get_run(EXAMPLE, child)["conf"]["session"]
     assert session["root_run_id"] == root and session["parent_run_id"] == root
     assert session["revision"] == 1
+    assert set(session) == {"root_run_id", "parent_run_id", "revision"}  # named: its state stays in XCom
 
     result = cluster.session_result(EXAMPLE, root)
     assert result is not None

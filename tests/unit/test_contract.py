@@ -98,6 +98,17 @@ def test_the_replan_conf_finalize_prepares_is_a_replan_conf() -> None:
     assert conf.goal == "g" and conf.state == state
 
 
+def test_a_replan_runs_conf_names_its_session_and_carries_none_of_it() -> None:
+    state = start_session(goal="g", run_id="root").model_copy(
+        update={"revision": 2, "parent_run_id": "root__replan_1", "run_ids": ["root", "root__replan_1"]}
+    )
+    conf = ReplanConf.model_validate(replan_conf(state)).run_conf()
+    assert conf == {
+        "goal": "g",
+        "session": {"root_run_id": "root", "parent_run_id": "root__replan_1", "revision": 2},
+    }
+
+
 def test_a_planning_error_keeps_its_own_text_apart_from_its_problem_list() -> None:
     problems = [Problem("empty_plan", f"plan has no nodes\n  - {i}", path="nodes") for i in range(30)]
     error = PlanningError("no valid plan\n  - after 3 attempt(s)", problems, reason="invalid_plan")
