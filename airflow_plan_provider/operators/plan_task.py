@@ -70,6 +70,11 @@ FROZEN_PLAN_REFUSAL = (
 )
 #: Task state store key of the planner reply a try of the planning task validated (reused by retries).
 ACCEPTED_REPLY_KEY = "accepted_plan_reply"
+#: The most bytes of run conf, times the run's node instances, the planning task lets pass without a
+#: warning: Airflow loads a run with each of its task instances and decodes the run's conf once per
+#: instance, in every scheduler loop (a 500-node plan in the conf, 71 KB: 36 MB a load, most of each
+#: loop's time on two cores).
+CONF_DECODE_WARNING_BYTES = 4_000_000
 
 
 class PlanOperator(BaseOperator):
@@ -199,6 +204,9 @@ class PlanOperator(BaseOperator):
             len(plan.layers),
             plan.layers,
         )
+        heavy = heavy_conf_warning(conf, len(plan.nodes))
+        if heavy:
+            self.log.warning("%s", heavy)
         run = run_context(planned)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
@@ -423,3 +431,17 @@ def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "rejected": [problems[:MAX_REPORTED_PROBLEMS] for problems in rejected],
         "rejected_total": [rejected_problem_count(problems) for problems in rejected],
     }
+
+
+def heavy_conf_warning(conf: Mapping[str, Any], instances: int) -> str | None:
+    """A warning when decoding ``conf`` once per node instance (as Airflow does whenever it loads the
+    run's task instances) comes to more than :data:`CONF_DECODE_WARNING_BYTES`; None otherwise."""
+    size = len(json.dumps(conf, default=str))
+    if size * instances <= CONF_DECODE_WARNING_BYTES:
+        return None
+    return (
+        f"this run's conf is {size / 1000:.0f} kB and its plan has {instances} nodes: Airflow decodes a "
+        f"run's conf once for each of its task instances whenever it loads them, in every scheduler loop "
+        f"({size * instances / 1e6:.0f} MB each time here). A plan this size runs cheaper from a planner or "
+        "built into the DAG (StaticPlanner(plan), or a DAG airflow-plan freeze wrote) than from the conf"
+    )
