@@ -430,6 +430,10 @@ class Run:
         return out
 
 
+class AsGiven(dict[str, Any]):
+    """A run's conf to trigger as it is: a plan in it stays in the conf (see :meth:`Bench.handed_over`)."""
+
+
 class Bench:
     """A temporary dags folder and call log, and (once started) the cluster running them on ``database``."""
 
@@ -514,9 +518,10 @@ class Bench:
         """The conf to trigger a plan DAG with: a ``plan`` in ``conf`` goes to the plans folder and the
         conf names its file (``plan_file``), so the plan DAG's planner returns it, as a planner would, and
         the run's conf stays small. Airflow loads a run with each of its task instances and decodes the
-        run's conf once per instance: a 500-node plan in the conf (71 KB) cost the scheduler about 2 s per
-        loop, 73 % of its time. ``plan_in_conf`` keeps the plan in the conf, to measure that."""
-        if "plan" not in conf or self.plan_in_conf:
+        run's conf once per instance: with a 500-node plan in the conf (71 kB), 73 % of the scheduler's
+        time went to decoding it (py-spy). ``plan_in_conf`` (or a conf given as :class:`AsGiven`) keeps
+        the plan in the conf, to measure that (``wide.py --wide-conf-plan``)."""
+        if "plan" not in conf or self.plan_in_conf or isinstance(conf, AsGiven):
             return dict(conf)
         text = json.dumps(conf["plan"], sort_keys=True)
         name = hashlib.sha256(text.encode()).hexdigest()[:16] + ".json"

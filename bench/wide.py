@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import (
+    AsGiven,
     Bench,
     Question,
     breakdown,
@@ -50,6 +51,7 @@ class Wide(Question):
 
     def __init__(self) -> None:
         self.repeat, self.static, self.cap = 1, False, 0
+        self.conf_plan = False
         self.node_cap = True
         self.shape(LAYERS)
 
@@ -62,6 +64,11 @@ class Wide(Question):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--wide-repeat", type=int, default=1, help="runs of the 500-node plan")
         parser.add_argument("--wide-static", action="store_true", help="also run it as a static DAG")
+        parser.add_argument(
+            "--wide-conf-plan",
+            action="store_true",
+            help="also run the plan DAG with the plan in the run's conf (decoded once per task instance)",
+        )
         parser.add_argument("--wide-layers", type=int, default=LAYERS, help=f"layers of {WIDTH} nodes")
         parser.add_argument(
             "--wide-no-node-cap",
@@ -71,6 +78,7 @@ class Wide(Question):
 
     def configure(self, args: argparse.Namespace) -> None:
         self.repeat, self.static, self.cap = args.wide_repeat, args.wide_static, args.cap
+        self.conf_plan = args.wide_conf_plan
         self.node_cap = not args.wide_no_node_cap
         self.shape(args.wide_layers)
 
@@ -85,7 +93,10 @@ class Wide(Question):
         return out
 
     def measure(self, bench: Bench, repeat: int) -> dict[str, Any]:
-        runs = [("plan", PLAN_DAG, {"goal": self.plan["goal"], "plan": work_plan(self.plan, self.seconds)})]
+        conf = {"goal": self.plan["goal"], "plan": work_plan(self.plan, self.seconds)}
+        runs: list[tuple[str, str, Mapping[str, Any]]] = [("plan", PLAN_DAG, conf)]
+        if self.conf_plan:  # the same plan DAG, the plan in the run's conf instead of from its planner
+            runs.append(("conf", PLAN_DAG, AsGiven(conf)))
         if self.static:
             runs.append(("static", STATIC_DAG, {}))
         out: dict[str, Any] = {"cap": self.cap, "repeat": self.repeat, "runs": {}}
@@ -129,14 +140,15 @@ class Wide(Question):
                         f"  {database} {kind}: scheduler loop {f['loop ms']:.0f} ms median,"
                         f" {f['loop p95 ms']:.0f} ms p95, {f['loops/s']:.1f} loops/s"
                     )
-            if "loop ms" in runs.get("plan", {}) and "loop ms" in runs.get("static", {}):
-                plan, static = runs["plan"], runs["static"]
-                loop = plan["loop ms"] / static["loop ms"]
-                print(
-                    f"  {database} plan / static: scheduler loop median {loop:.2f} x,"
-                    f" p95 {plan['loop p95 ms'] / static['loop p95 ms']:.2f} x;"
-                    f" throughput {static['makespan'] / plan['makespan']:.2f} x the static DAG's"
-                )
+            for kind, other in (("plan", "static"), ("conf", "static"), ("plan", "conf")):
+                if "loop ms" in runs.get(kind, {}) and "loop ms" in runs.get(other, {}):
+                    a, b = runs[kind], runs[other]
+                    loop = a["loop ms"] / b["loop ms"]
+                    print(
+                        f"  {database} {kind} / {other}: scheduler loop median {loop:.2f} x,"
+                        f" p95 {a['loop p95 ms'] / b['loop p95 ms']:.2f} x;"
+                        f" throughput {b['makespan'] / a['makespan']:.2f} x the {other} run's"
+                    )
         for database, r in results.items():
             for kind, f in r["runs"].items():
                 h = f["handoffs"]
