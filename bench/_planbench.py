@@ -565,7 +565,10 @@ class Bench:
         """The periods the task instance held a worker slot, one per task process, from its log files
         (every attempt): a process's first line is ``::group::Pre Execute``, its last is the last line
         before the next process's first (after it deferred, rescheduled itself or failed); the last
-        process ends at the task instance's ``end_date``."""
+        process ends at the task instance's ``end_date``, when its state ended and Airflow's pool gave
+        the slot back. (A process logs for up to a second more after that, its ``Post Execute``; a
+        period that ran to its last line counted a 9th-11th slot in a pool of 8 that was never
+        exceeded.)"""
         assert self.cluster is not None
         folder = (
             self.cluster.log_dir
@@ -594,7 +597,7 @@ class Bench:
                 segments[-1][1] = at
         if not segments:
             return [(ti["start"], ti["end"])]
-        segments[-1][1] = max(segments[-1][1], ti["end"])
+        segments[-1][1] = ti["end"]
         return [(start, end) for start, end in segments]
 
 
