@@ -12,8 +12,9 @@ and each publishes these XComs (task → key: shape):
   :class:`~airflow_plan_provider.plan.session.SessionState`; ``run``:
   :class:`~airflow_plan_provider.plan.session.RunContext`; ``locked__<node>``:
   :class:`~airflow_plan_provider.plan.session.LockedOutput` (one per reused node); ``planning_error``:
-  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the default lane's node ids.
-- ``select_nodes__<lane>`` → ``return_value``: the lane's node ids.
+  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the labels (``id · action``) of
+  the default lane's nodes, which its node task maps over.
+- ``select_nodes__<lane>`` → ``return_value``: the labels of the lane's nodes.
 - ``approve`` → ``approval``: :class:`ApprovalRecord`.
 - ``nodes`` / ``nodes__<lane>`` (each instance) → ``node``:
   :class:`~airflow_plan_provider.plan.result.NodeRecord` (as :meth:`~.NodeRecord.pushed`); ``polling``:
@@ -142,6 +143,13 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     for node in plan.run_order:
         tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
     return tasks
+
+
+def node_labels(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[str]:
+    """The labels (``id · action``) of the nodes node task ``task_id`` maps, in map-index order: what
+    the task maps over. Each instance's label is its mapped value (``map_index_template``), so the label
+    Airflow sets when the instance starts is already its last."""
+    return [node_label(node, plan.node(node).action) for node in node_tasks(plan, run).get(task_id, [])]
 
 
 def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:

@@ -52,7 +52,7 @@ from airflow_plan_provider.contract import (
 )
 from airflow_plan_provider.operators.approval import PlanApprovalOperator
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
-from airflow_plan_provider.operators.node import NODE_LABEL, PlanNodeOperator
+from airflow_plan_provider.operators.node import PlanNodeOperator
 from airflow_plan_provider.operators.plan_task import PlanOperator
 from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.select import LaneSelectOperator
@@ -75,7 +75,8 @@ from airflow_plan_provider.tools.registry import (
     missing_tools_message,
 )
 
-MAP_INDEX_TEMPLATE = "{{ " + NODE_LABEL + " | default(task.plan_node) }}"
+# each instance's label is its mapped value, ``id · action`` (node_labels): set once, when it starts
+MAP_INDEX_TEMPLATE = "{{ task.plan_node }}"
 
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process

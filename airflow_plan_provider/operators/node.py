@@ -16,7 +16,7 @@ from airflow_plan_provider.airflow_features import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
-from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, node_label
+from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, labelled_node
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
@@ -50,8 +50,6 @@ from airflow_plan_provider.triggers.payloads import validate_job_event, validate
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-NODE_LABEL = "plan_node_label"
 
 
 @dataclass
@@ -178,7 +176,8 @@ class _ToolsWhenNeeded(Mapping[str, Tool]):
 
 
 class PlanNodeOperator(BaseOperator):
-    """Run node ``plan_node`` of the plan published by the planning task (one instance per mapped node).
+    """Run node ``plan_node`` (its label, ``id · action``) of the plan published by the planning task (one
+    instance per mapped node).
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -232,9 +231,7 @@ class PlanNodeOperator(BaseOperator):
         plan = pull_plan(ti)
         if plan is None:
             raise AirflowFailException("no plan was published by the planning task")
-        node = plan.node(self.plan_node)
-        # not one of Airflow's context keys: the task's map_index_template reads it
-        cast(dict[str, Any], context)[NODE_LABEL] = node_label(node.id, node.action)
+        node = plan.node(labelled_node(self.plan_node) or "")
         return NodeRun(ti, plan, node, pull_run_context(ti), self)
 
     def execute(self, context: Context) -> None:

@@ -1,0 +1,51 @@
+"""Each node instance's label (its rendered map index, ``id · action``) is the value its node task maps
+over, so the label Airflow sets when the instance starts is already its last; the action is shown as
+written, never rendered as a template (it is the planner's text)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_plan_provider import NodeExecution
+from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK
+from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
+from airflow_plan_provider.testing.in_process import _task_instances, run_plan_dag
+from tests.airflow.support import xcom
+
+pytestmark = pytest.mark.airflow
+
+PLAN = {
+    "nodes": [
+        {
+            "id": "b",
+            "action": "second, after a",
+            "tool": "emit",
+            "params": {"value": 2},
+            "dependencies": ["a"],
+        },
+        {"id": "a", "action": "sum {{ 7 * 7 }} and {% raw %}", "tool": "emit", "params": {"value": 1}},
+    ]
+}
+
+
+def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(tmp_path: Path) -> None:
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    log = CallLog(tmp_path)
+    tools = scripted_registry(ScriptedTool("emit", log=log, returns=lambda params: params["value"]))
+    dag = build_plan_dag(
+        "node_labels", planner=None, tools=tools, execution=NodeExecution(retries=0, retry_delay=timedelta(0))
+    )
+    run = run_plan_dag(dag, {"goal": "label", "plan": PLAN})
+    assert str(run.state) == "success" and log.count("emit") == 2
+    labels = ["a · sum {{ 7 * 7 }} and {% raw %}", "b · second, after a"]  # run order: a parent first
+    assert xcom(run, PLAN_TASK) == labels
+    shown = {
+        ti.map_index: ti.rendered_map_index
+        for ti in _task_instances(run.dag_id, run.run_id)
+        if ti.task_id == NODES_TASK
+    }
+    assert shown == dict(enumerate(labels))
