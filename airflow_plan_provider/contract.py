@@ -34,6 +34,7 @@ Airflow: the plugin, ``freeze`` and the command line read runs through it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
@@ -260,6 +261,12 @@ class SessionRef(Model):
     parent_run_id: str
     revision: int
 
+    @classmethod
+    def of(cls, state: SessionState) -> SessionRef:
+        return cls(
+            root_run_id=state.root_run_id, parent_run_id=state.parent_run_id or "", revision=state.revision
+        )
+
 
 class ReplanConf(Model):
     """The next revision's session (XCom ``replan_conf`` of ``finalize``): the goal, and the session so
@@ -268,17 +275,13 @@ class ReplanConf(Model):
     goal: str = ""
     session: dict[str, Any]
 
-    @property
+    @cached_property
     def state(self) -> SessionState:
         return SessionState.model_validate(self.session)
 
     def run_conf(self) -> dict[str, Any]:
         """The conf of the revision's run: the goal and a :class:`SessionRef`."""
-        state = self.state
-        ref = SessionRef(
-            root_run_id=state.root_run_id, parent_run_id=state.parent_run_id or "", revision=state.revision
-        )
-        return {"goal": self.goal, "session": ref.model_dump(mode="json")}
+        return {"goal": self.goal, "session": SessionRef.of(self.state).model_dump(mode="json")}
 
 
 # ------------------------------------------------------------------------------- how a run reports

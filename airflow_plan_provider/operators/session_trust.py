@@ -61,7 +61,7 @@ def verified_session(ti: Any, conf: Mapping[str, Any], run_id: str) -> SessionSt
     if not isinstance(prepared, Mapping):
         reject("the session's parent run prepared no replan")
     session = ReplanConf.model_validate(prepared)
-    expected = SessionRef.model_validate(session.run_conf()["session"])
+    expected = SessionRef.of(session.state)
     differing = [
         f"session.{key}" for key in SessionRef.model_fields if getattr(ref, key) != getattr(expected, key)
     ]

@@ -104,6 +104,17 @@ class ValidatedPlan(Plan):
         return (parent, child) in set(map(tuple, self.soft_edges))
 
     @cached_property
+    def nodes_by_id(self) -> dict[str, Node]:
+        """Node id → node (a validated plan is never changed)."""
+        return {node.id: node for node in self.nodes}
+
+    def node(self, node_id: str) -> Node:
+        try:
+            return self.nodes_by_id[node_id]
+        except KeyError:
+            raise KeyError(node_id) from None
+
+    @cached_property
     def run_order(self) -> list[str]:
         """Every node in the order its task instances get slots (:func:`~.graph.run_order`): the map
         indexes of the node tasks, and the order a step budget counts."""
