@@ -12,9 +12,9 @@ and each publishes these XComs (task → key: shape):
   :class:`~airflow_plan_provider.plan.session.SessionState`; ``run``:
   :class:`~airflow_plan_provider.plan.session.RunContext`; ``locked__<node>``:
   :class:`~airflow_plan_provider.plan.session.LockedOutput` (one per reused node); ``planning_error``:
-  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the labels (``id · action``) of
+  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the briefs (:class:`NodeBrief`) of
   the default lane's nodes, which its node task maps over.
-- ``select_nodes__<lane>`` → ``return_value``: the labels of the lane's nodes.
+- ``select_nodes__<lane>`` → ``return_value``: the briefs of the lane's nodes.
 - ``approve`` → ``approval``: :class:`ApprovalRecord`.
 - ``nodes`` / ``nodes__<lane>`` (each instance) → ``node``:
   :class:`~airflow_plan_provider.plan.result.NodeRecord` (as :meth:`~.NodeRecord.pushed`); ``polling``:
@@ -146,11 +146,64 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     return tasks
 
 
-def node_labels(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[str]:
-    """The labels (``id · action``) of the nodes node task ``task_id`` maps, in map-index order: what
-    the task maps over. Each instance's label is its mapped value (``map_index_template``), so the label
-    Airflow sets when the instance starts is already its last."""
-    return [node_label(node, plan.node(node).action) for node in node_tasks(plan, run).get(task_id, [])]
+class NodeBrief(Model):
+    """What one node's task instance needs of its run, handed to it as its mapped value: Airflow gives
+    each instance its own item of the list its task maps over, so a node reads no plan, no run context
+    and no layout to start, and what it reads does not grow with the plan beyond that list.
+
+    :param label: ``id · action``, the instance's label in the grid (its ``map_index_template``).
+    :param node_id: the node.
+    :param plan: the node and its parents, with the edges between them
+        (:meth:`~airflow_plan_provider.plan.model.ValidatedPlan.around`).
+    :param run: the run's context as this node needs it
+        (:meth:`~airflow_plan_provider.plan.session.RunContext.for_node`).
+    :param position: the node's place in the revision's execution order (what the step budget counts);
+        None for a reused node.
+    :param grandparents: each parent's own parents: how near the parents are to running.
+    :param at: node id → ``[task id, map index]`` of the instances of the node, its parents and its
+        grandparents (task ids without a task group's prefix).
+    :param plan_size: the number of nodes of the whole plan.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    node_id: str
+    plan: ValidatedPlan
+    run: RunContext
+    position: int | None = None
+    grandparents: dict[str, list[str]] = Field(default_factory=dict)
+    at: dict[str, tuple[str, int]]
+    plan_size: int
+
+    @property
+    def parents(self) -> list[str]:
+        return self.plan.parents[self.node_id]
+
+
+def node_briefs(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[dict[str, Any]]:
+    """The briefs (:class:`NodeBrief`, as JSON) of the nodes node task ``task_id`` maps, in map-index
+    order: what the task maps over. Each instance's label is in its brief (``map_index_template``), so
+    the label Airflow sets when the instance starts is already its last."""
+    tasks = node_tasks(plan, run)
+    at = {node: (task, index) for task, nodes in tasks.items() for index, node in enumerate(nodes)}
+    briefs = []
+    for node_id in tasks.get(task_id, []):
+        parents = plan.parents[node_id]
+        grandparents = {p: plan.parents[p] for p in parents}
+        near = {node_id, *parents, *(g for gs in grandparents.values() for g in gs)}
+        brief = NodeBrief(
+            label=node_label(node_id, plan.node(node_id).action),
+            node_id=node_id,
+            plan=plan.around(node_id),
+            run=run.for_node(node_id),
+            position=run.position(node_id),
+            grandparents=grandparents,
+            at={n: at[n] for n in sorted(near)},
+            plan_size=len(plan.nodes),
+        )
+        briefs.append(brief.model_dump(mode="json", by_alias=True, exclude_defaults=True))
+    return briefs
 
 
 def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:

@@ -75,8 +75,8 @@ from airflow_plan_provider.tools.registry import (
     missing_tools_message,
 )
 
-# each instance's label is its mapped value, ``id · action`` (node_labels): set once, when it starts
-MAP_INDEX_TEMPLATE = "{{ task.plan_node }}"
+# each instance's label, ``id · action``, is in its mapped value (contract.NodeBrief): set once, at its start
+MAP_INDEX_TEMPLATE = "{{ task.plan_node.label }}"
 
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process

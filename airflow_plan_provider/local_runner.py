@@ -228,7 +228,8 @@ class _NodeRunner:
         """One node's tries (in a pool thread), each a :class:`NodeStep`, until one ends the node; the
         record keeps every try's events, in order."""
         state, host = self.state, _LocalHost(self.state, self.checkpoints)
-        inputs = NodeInputs(self.plan, node_id, run_context(state), parents, self.tools)
+        run = run_context(state)
+        inputs = NodeInputs(self.plan, node_id, run, run.position(node_id), parents, self.tools)
         timeout = self.execution.timeout.total_seconds() if self.execution.timeout else None
         earlier: list[Event] = []
         for try_number in itertools.count(1):

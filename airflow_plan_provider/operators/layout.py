@@ -9,7 +9,7 @@ are always in the same group.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_plan_provider.contract import (
@@ -64,29 +64,45 @@ def pull_node_records(
     ti: Any, plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str] | None = None
 ) -> dict[str, NodeRecord]:
     """Node id → the record it pushed (status, output, ...), for ``node_ids`` (default: every node of
-    the run); a node whose task never reported is absent.
-
-    Per node task holding a wanted node: when the wanted nodes are the task's first instances (every
-    node, for finalize), one XCom request, the task's records up to the highest wanted map index as one
-    sequence slice (records are ordered by map index, and a task has at most one record per index, so
-    the first ``index + 1`` records hold every record at or below ``index``); otherwise one request per
-    wanted node (its instance's record): a slice would carry every record before the last wanted one, so
-    what a node reads would grow with the plan (in a 500-node plan a node read 360 KB of XCom, its
-    parents' records weigh a few KB).
-    """
+    the run); a node whose task never reported is absent (see :func:`pull_records_at`)."""
     wanted = None if node_ids is None else set(node_ids)
+    return pull_records_at(
+        ti,
+        {
+            node: (task_id, index)
+            for task_id, nodes in node_tasks(plan, run).items()
+            for index, node in enumerate(nodes)
+            if wanted is None or node in wanted
+        },
+    )
+
+
+def pull_records_at(ti: Any, at: Mapping[str, tuple[str, int]]) -> dict[str, NodeRecord]:
+    """Node id → the record it pushed, for the nodes of ``at`` (node id → the task id and map index of
+    its instance); a node whose task never reported is absent.
+
+    Per node task: when the wanted nodes are the task's first instances (every node, for finalize), one
+    XCom request, the task's records up to the highest wanted map index as one sequence slice (records
+    are ordered by map index, and a task has at most one record per index, so the first ``index + 1``
+    records hold every record at or below ``index``); otherwise one request per wanted node (its
+    instance's record): a slice would carry every record before the last wanted one, so what a node
+    reads would grow with the plan (in a 500-node plan a node read 360 KB of XCom, its parents'
+    records weigh a few KB).
+    """
+    by_task: dict[str, dict[int, str]] = {}
+    for node, (task_id, index) in at.items():
+        by_task.setdefault(task_id, {})[index] = node
     records: dict[str, NodeRecord] = {}
-    for task_id, nodes in node_tasks(plan, run).items():
-        indexes = [index for index, node in enumerate(nodes) if wanted is None or node in wanted]
-        if not indexes:
-            continue
-        if max(indexes) + 1 == len(indexes):
+    for task_id, nodes in by_task.items():
+        indexes = sorted(nodes)
+        if indexes[-1] + 1 == len(indexes):
             values = _pull_records(ti, task_id, stop=len(indexes))
         else:
             values = [_pull_record(ti, task_id, index) for index in indexes]
+        wanted = set(nodes.values())
         for value in values:
             node_id = value.get("node_id") if isinstance(value, dict) else None
-            if node_id in nodes and (wanted is None or node_id in wanted):
+            if node_id in wanted:
                 records[node_id] = NodeRecord.model_validate(value)
     return records
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
+from pydantic import ValidationError
 
 from airflow_plan_provider import artifacts
 from airflow_plan_provider.airflow_features import (
@@ -16,14 +17,14 @@ from airflow_plan_provider.airflow_features import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
-from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, labelled_node
+from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, NodeBrief
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     group_prefix,
     pull_locked,
-    pull_node_records,
     pull_plan,
+    pull_records_at,
     pull_run_context,
 )
 from airflow_plan_provider.operators.node_wait import SlotWait
@@ -54,15 +55,27 @@ if TYPE_CHECKING:
 
 @dataclass
 class NodeRun:
-    """What one node instance knows while it runs: its task instance, plan, node, the run's context, its
+    """What one node instance knows while it runs: its task instance, its brief (its mapped value: the
+    node, its parents, the run's context as the node needs it, where its parents' instances are), its
     operator, and when it began (``started_at``, before it waited for its parents)."""
 
     ti: Any
-    plan: ValidatedPlan
-    node: Node
-    run_context: RunContext
+    brief: NodeBrief
     operator: PlanNodeOperator
     started_at: str = field(default_factory=now)
+
+    @property
+    def plan(self) -> ValidatedPlan:
+        """The node and its parents (:meth:`~airflow_plan_provider.plan.model.ValidatedPlan.around`)."""
+        return self.brief.plan
+
+    @property
+    def node(self) -> Node:
+        return self.brief.plan.node(self.brief.node_id)
+
+    @property
+    def run_context(self) -> RunContext:
+        return self.brief.run
 
     @property
     def scope(self) -> str:
@@ -91,7 +104,7 @@ class NodeRun:
             job_timeout=timeout,
             started_at=self.started_at,
         )
-        inputs = NodeInputs(self.plan, self.node.id, rc, parents or {}, tools or {})
+        inputs = NodeInputs(self.plan, self.node.id, rc, self.brief.position, parents or {}, tools or {})
         return NodeStep(inputs, ctx, _OperatorHost(self))
 
     def fail(self, reason: str) -> AirflowFailException:
@@ -142,11 +155,12 @@ class _OperatorHost:
             raise StoredOutputError(str(error)) from error
 
     def shown_params(self, params: Any) -> Any:
-        """The params through Airflow's secrets masker, kept as the templated ``resolved_params``."""
+        """The params through Airflow's secrets masker, kept as the task's one rendered field
+        (``resolved_params``: see :class:`PlanNodeOperator`)."""
         from airflow_plan_provider.compat import redact
 
         shown = redact(params)
-        self.run.operator.resolved_params = shown
+        self.run.operator.show_resolved_params(shown)
         return shown
 
     def call(self, tool: Tool, params: Any, ctx: ToolContext) -> Any:
@@ -176,8 +190,9 @@ class _ToolsWhenNeeded(Mapping[str, Tool]):
 
 
 class PlanNodeOperator(BaseOperator):
-    """Run node ``plan_node`` (its label, ``id · action``) of the plan published by the planning task (one
-    instance per mapped node).
+    """Run the node of brief ``plan_node`` (a :class:`~airflow_plan_provider.contract.NodeBrief`, its
+    mapped value: the node, its parents, where their instances are, the run's context as the node needs
+    it) of the plan published by the planning task (one instance per mapped node).
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -194,18 +209,22 @@ class PlanNodeOperator(BaseOperator):
 
     The task log tells the node's decision (runs, runs without which inputs, reused, skipped because
     ...), its resolved params (through Airflow's secrets masker), the duration and the output summary
-    or artifact URI, plus one JSON line per event. The resolved params are also the templated field
-    ``resolved_params``, so the task's "Rendered Templates" shows them.
+    or artifact URI, plus one JSON line per event. The resolved params of a node that called its tool
+    are also the rendered field ``resolved_params``, so the task's "Rendered Templates" shows them.
+    Nothing of a node is rendered as a template (the plan's text is the planner's, not the DAG
+    author's): the task has no template field when it starts, so Airflow sends no rendered fields then,
+    and ``resolved_params`` becomes its one field when the params are known, sent once, when the try
+    ends (``overwrite_rtif_after_execution``).
     """
 
-    template_fields = ("plan_node", "resolved_params")
+    template_fields: Sequence[str] = ()
     ui_color = "#e8f4e4"
-    overwrite_rtif_after_execution = True  # resolved_params is set while executing
+    overwrite_rtif_after_execution = True  # sends the rendered fields once the try ends: see above
 
     def __init__(
         self,
         *,
-        plan_node: str,
+        plan_node: Mapping[str, Any],
         tools: ToolRegistry | str | None = None,
         artifact_store: str | None = None,
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
@@ -226,19 +245,28 @@ class PlanNodeOperator(BaseOperator):
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
         return WaitingPolicy(slot_wait=self.slot_wait)
 
+    def show_resolved_params(self, shown: Any) -> None:
+        """Make the resolved params (secrets masked) this task's one rendered field, which Airflow
+        sends when the try ends."""
+        self.resolved_params = shown
+        self.template_fields = ("resolved_params",)
+
     def _start(self, context: Context) -> NodeRun:
-        ti = context["ti"]
-        plan = pull_plan(ti)
-        if plan is None:
-            raise AirflowFailException("no plan was published by the planning task")
-        node = plan.node(labelled_node(self.plan_node) or "")
-        return NodeRun(ti, plan, node, pull_run_context(ti), self)
+        try:
+            brief = NodeBrief.model_validate(self.plan_node)
+        except ValidationError as error:
+            raise AirflowFailException(
+                f"this node's mapped value is not a node brief ({error.error_count()} problem(s), first: "
+                f"{error.errors()[0]['msg']}); a run planned by an earlier version of the provider: "
+                "clear its plan task to plan it again"
+            ) from None
+        return NodeRun(context["ti"], brief, self)
 
     def execute(self, context: Context) -> None:
         run = self._start(context)
         picked = self._await_parents(run, context)  # a parent still running has no record yet
-        unpicked = [p for p in run.plan.parents[run.node.id] if p not in picked]
-        records = {**pull_node_records(run.ti, run.plan, run.run_context, unpicked), **picked}
+        unpicked = {p: run.brief.at[p] for p in run.brief.parents if p not in picked}
+        records = {**pull_records_at(run.ti, unpicked), **picked}
         step = run.step(records, _ToolsWhenNeeded(self.tools))
         self._act(run, step.run())
 
@@ -277,11 +305,11 @@ class PlanNodeOperator(BaseOperator):
         picked up from their checkpoints (the others' records are in XCom by then); or defer, step
         aside or make way as the waiting policy decides (:class:`~.node_wait.SlotWait` reads the states
         and applies :mod:`airflow_plan_provider.plan.waiting`, which says when and why)."""
+        ti = run.ti
         waiting = SlotWait(
-            ti=run.ti,
-            plan=run.plan,
-            run_context=run.run_context,
-            node_id=run.node.id,
+            ti=ti,
+            brief=run.brief,
+            whole=lambda: (pull_plan(ti), pull_run_context(ti)),
             policy=self._policy(),
             log=self.log,
             pick_up=lambda node_ids: self._checkpoints_of_this_run(run, node_ids),

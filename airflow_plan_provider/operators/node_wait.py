@@ -8,12 +8,13 @@ the Task SDK, the parents' checkpoints through the node's own reader), sleeps as
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from airflow_plan_provider.contract import locations, node_tasks
-from airflow_plan_provider.operators.layout import group_prefix, task_id_in
+from airflow_plan_provider.contract import NodeBrief, node_tasks
+from airflow_plan_provider.operators.layout import group_prefix
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import RunContext
@@ -23,8 +24,16 @@ from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
 
 @dataclass
 class SlotWait:
-    """The wait of node ``node_id`` (task instance ``ti``) for its parents, in its slot.
+    """The wait of the node of ``brief`` (task instance ``ti``) for its parents, in its slot.
 
+    The brief names the instances of the node's parents and grandparents: all the reads and the policy
+    need in a large plan, whose nodes read their parents' instances one by one. In a plan whose nodes
+    read every instance of their task at once (see :meth:`WaitingPolicy.reads_one_by_one`), the policy
+    also looks at the rest of the task (which nodes are ready, how many generations wait in between):
+    ``whole`` then reads the plan and the run's layout, once, the first time the policy looks beyond
+    the brief (never when the parents have finished at the first read).
+
+    :param whole: the whole plan and the run's context, as the planning task published them.
     :param pick_up: the records of those of the given parents whose checkpoint was saved in this run
         (a parent saves it the moment its tool returns, before its record and its task's end reach the
         metadata database), so the node starts without waiting for those.
@@ -33,9 +42,8 @@ class SlotWait:
     """
 
     ti: Any
-    plan: ValidatedPlan
-    run_context: RunContext
-    node_id: str
+    brief: NodeBrief
+    whole: Callable[[], tuple[ValidatedPlan | None, RunContext]]
     policy: WaitingPolicy
     log: Any
     pick_up: Callable[[Iterable[str]], dict[str, NodeRecord]]
@@ -45,24 +53,51 @@ class SlotWait:
     picked: dict[str, NodeRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        plan, prefix = self.plan, group_prefix(getattr(self.ti, "task", None))
-        self.parent_ids = list(plan.parents[self.node_id])
+        brief = self.brief
+        self.node_id = brief.node_id
+        self.prefix = group_prefix(getattr(self.ti, "task", None))
+        self.parent_ids = list(brief.parents)
         self.tasks = self._where(self.parent_ids)
-        self.grandparents = self._where(sorted({g for p in self.parent_ids for g in plan.parents[p]}))
-        tasks = node_tasks(plan, self.run_context)
+        self.grandparents = self._where(sorted({g for gs in brief.grandparents.values() for g in gs}))
+        self.one_by_one = self.policy.reads_one_by_one(brief.plan_size)
+        near = {self.node_id: self.parent_ids, **brief.grandparents}
         #: node id -> its task instance's key in a read (Airflow's ``<task id>_<map index>``)
-        self.keys = {
-            node: f"{prefix}{task}_{index}"
-            for task, nodes in tasks.items()
-            for index, node in enumerate(nodes)
-        }
-        self.queue = tasks.get(self.ti.task_id.removeprefix(prefix), [])
-        self.one_by_one = self.policy.reads_one_by_one(len(plan.nodes))
+        keys = {node: f"{self.prefix}{task}_{index}" for node, (task, index) in brief.at.items()}
+        self.parents: Mapping[str, list[str]] = _BriefFirst(near, self._whole_parents)
+        self.keys: Mapping[str, str] = _BriefFirst(keys, self._whole_keys)
+        self.queue: Sequence[str] = _WholeQueue(self._whole_queue)
 
     def _where(self, node_ids: Iterable[str]) -> dict[str, list[int]]:
         """Task id (with the group's prefix) -> the map indexes of ``node_ids``' instances."""
-        found = locations(self.plan, self.run_context, node_ids)
-        return {task_id_in(self.ti, task): indexes for task, indexes in found.items()}
+        found: dict[str, list[int]] = {}
+        for node in node_ids:
+            task, index = self.brief.at[node]
+            found.setdefault(self.prefix + task, []).append(index)
+        return found
+
+    @cached_property
+    def _layout(self) -> tuple[ValidatedPlan, dict[str, list[str]]]:
+        """The whole plan, and node task id (without prefix) -> its nodes in map-index order."""
+        try:
+            plan, run = self.whole()
+        except Exception as error:
+            raise _ReadFailed from error
+        if plan is None:
+            raise RuntimeError("the planning task's plan is missing from XCom")
+        return plan, node_tasks(plan, run)
+
+    def _whole_parents(self) -> Mapping[str, list[str]]:
+        return self._layout[0].parents
+
+    def _whole_keys(self) -> Mapping[str, str]:
+        return {
+            node: f"{self.prefix}{task}_{index}"
+            for task, nodes in self._layout[1].items()
+            for index, node in enumerate(nodes)
+        }
+
+    def _whole_queue(self) -> Sequence[str]:
+        return self._layout[1].get(self.ti.task_id.removeprefix(self.prefix), [])
 
     def trigger(self) -> ParentsFinishedTrigger:
         """The trigger that waits for the parents while the node is deferred."""
@@ -84,7 +119,9 @@ class SlotWait:
             waited = time.monotonic() - began
             try:
                 states = self._read()
-            except Exception as error:  # the API server or its database away: a delay, never a failure
+                move = self.policy.next_move(self._view(states, waited))
+            except _ReadFailed as failed:  # the API server or its database away: a delay, never a failure
+                error = failed.__cause__
                 failures += 1
                 move = self.policy.after_failed_read(failures, waited)
                 if failures == 1:
@@ -100,7 +137,6 @@ class SlotWait:
                     "node %s: read its parents' states again after %d failed read(s)", self.node_id, failures
                 )
                 failures = 0
-            move = self.policy.next_move(self._view(states, waited))
             if move.kind is Wait.READY and waited >= self.policy.poll_near:
                 self.log.info("node %s: parents finished after %.1f s in its slot", self.node_id, waited)
             if move.kind is not Wait.WAIT:
@@ -134,7 +170,7 @@ class SlotWait:
         keys = self.keys
         return WaitView(
             node=self.node_id,
-            parents=self.plan.parents,
+            parents=self.parents,
             state_of=lambda node: states.get(keys[node]),
             queue=self.queue,
             waited=waited,
@@ -147,6 +183,13 @@ class SlotWait:
         )
 
     def _read(self) -> dict[str, Any]:
+        """:meth:`_read_states`; any failure of the read raised as :class:`_ReadFailed`."""
+        try:
+            return self._read_states()
+        except Exception as error:
+            raise _ReadFailed from error
+
+    def _read_states(self) -> dict[str, Any]:
         """The run's task instance states this node needs (Airflow's ``<task id>_<map index>`` keys):
         its parents', its grandparents' and its own task's, in one request, which returns every
         instance of the tasks asked for; or, in a large plan, only the parents', one instance per
@@ -170,3 +213,50 @@ class SlotWait:
                 )
                 states.update(found.get(ti.run_id, {}))
         return states
+
+
+class _BriefFirst(Mapping[str, Any]):
+    """A mapping answered from the brief's entries, and from the whole run's (read once, when first
+    needed) for any other key."""
+
+    def __init__(self, near: Mapping[str, Any], read: Callable[[], Mapping[str, Any]]) -> None:
+        self.near, self.read = near, read
+
+    @cached_property
+    def whole(self) -> Mapping[str, Any]:
+        return self.read()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.near:
+            return self.near[key]
+        return self.whole[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.whole)
+
+    def __len__(self) -> int:
+        return len(self.whole)
+
+
+class _WholeQueue(Sequence[str]):
+    """The nodes of the waiting node's task in map-index order, read when first needed."""
+
+    def __init__(self, read: Callable[[], Sequence[str]]) -> None:
+        self.read = read
+
+    @cached_property
+    def whole(self) -> Sequence[str]:
+        return self.read()
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.whole[index]
+
+    def __len__(self) -> int:
+        return len(self.whole)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.whole)
+
+
+class _ReadFailed(Exception):
+    """A read of the run's states or layout failed (its cause says why): the node reads again."""

@@ -30,7 +30,7 @@ from airflow_plan_provider.contract import (
     PlanningErrorRecord,
     lane_of,
     locked_key,
-    node_labels,
+    node_briefs,
 )
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
@@ -145,7 +145,7 @@ class PlanOperator(BaseOperator):
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
-    def execute(self, context: Context) -> list[str]:
+    def execute(self, context: Context) -> list[dict[str, Any]]:
         ti = context["ti"]
         run_id = context["run_id"]
         shared = artifacts.local_store_warning(self.artifact_store)
@@ -213,7 +213,7 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
-        return node_labels(plan, run, NODES_TASK)
+        return node_briefs(plan, run, NODES_TASK)
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""

@@ -128,3 +128,26 @@ class ValidatedPlan(Plan):
 
     def as_plan(self) -> Plan:
         return Plan(goal=self.goal, nodes=self.nodes, edges=self.edges)
+
+    def around(self, node_id: str) -> ValidatedPlan:
+        """Node ``node_id`` and its parents as a plan of their own, with the edges between them: all a
+        node's step needs of the plan (its parents and which are optional, their specs for the keys of
+        their stored outputs, its own spec), whatever the size of the whole plan.
+
+        >>> nodes = [{"id": n, "action": n, "tool": "t"} for n in "abc"]
+        >>> plan = ValidatedPlan.model_validate({"nodes": nodes,
+        ...     "edges": [{"from": "a", "to": "b", "optional": True}, {"from": "b", "to": "c"}],
+        ...     "layers": [["a"], ["b"], ["c"]], "parents": {"a": [], "b": ["a"], "c": ["b"]},
+        ...     "soft_edges": [("a", "b")]})
+        >>> part = plan.around("b")
+        >>> part.node_ids, part.parents, part.soft_edges
+        (['a', 'b'], {'a': [], 'b': ['a']}, [('a', 'b')])
+        """
+        keep = {node_id, *self.parents[node_id]}
+        return ValidatedPlan(
+            nodes=[node for node in self.nodes if node.id in keep],
+            edges=[edge for edge in self.edges if edge.source in keep and edge.target in keep],
+            layers=[kept for layer in self.layers if (kept := [n for n in layer if n in keep])],
+            parents={n: [p for p in self.parents[n] if p in keep] for n in self.parents if n in keep},
+            soft_edges=[(a, b) for a, b in self.soft_edges if a in keep and b in keep],
+        )

@@ -15,7 +15,8 @@ and the local runner (:mod:`airflow_plan_provider.local_runner`) are adapters: t
 run the step, and act on its outcome in their own terms (Airflow's skip, fail, retry and deferral; a
 loop of tries in a thread)::
 
-    outcome = NodeStep(NodeInputs(plan, "3", run, parents, tools), TryContext(...), host).run()
+    inputs = NodeInputs(plan, "3", run, run.position("3"), parents, tools)
+    outcome = NodeStep(inputs, TryContext(...), host).run()
     if outcome.kind == "retry": ...
 """
 
@@ -105,13 +106,16 @@ class NodeHost(Protocol):
 
 @dataclass(frozen=True)
 class NodeInputs:
-    """What the node knows of its session: the plan, the node, the run's context (revision, reused
-    nodes, step budget), its parents' records (``None``: a parent without one counts as failed) and the
-    tools."""
+    """What the node knows of its session: the plan (the whole plan, or only the node and its parents:
+    :meth:`~airflow_plan_provider.plan.model.ValidatedPlan.around`), the node, the run's context
+    (revision, reused nodes, step budget), the node's place in the revision's execution order (what the
+    step budget counts; None for a node the revision does not execute), its parents' records (``None``:
+    a parent without one counts as failed) and the tools."""
 
     plan: ValidatedPlan
     node_id: str
     run: RunContext
+    position: int | None
     parents: Mapping[str, NodeRecord | None] = field(default_factory=dict)
     tools: Mapping[str, Tool] = field(default_factory=dict)
 
@@ -197,8 +201,9 @@ class NodeStep:
         reused = self._reused()
         if reused is not None:
             return reused
-        position = inputs.run.execution_order.index(node.id)
-        refused = step_refused(inputs.run.budgets, inputs.run.steps_used, position, node.id)
+        if inputs.position is None:
+            return self.fail("not in this revision's execution order")
+        refused = step_refused(inputs.run.budgets, inputs.run.steps_used, inputs.position, node.id)
         if refused is not None:
             host.log(logging.INFO, "node %s skipped because the %s", node.id, refused)
             return self.ended(NodeStatus.SKIPPED, budget_exhausted=True, error=refused)

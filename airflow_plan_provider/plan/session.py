@@ -145,6 +145,25 @@ class RunContext(Model):
     steps_used: int = 0  # node executions of the earlier revisions
     reused: list[str] = Field(default_factory=list)  # locked nodes of this plan
 
+    def position(self, node_id: str) -> int | None:
+        """The node's place in this revision's execution order (what the step budget counts); None for
+        a node the revision does not execute (a reused one)."""
+        try:
+            return self.execution_order.index(node_id)
+        except ValueError:
+            return None
+
+    def for_node(self, node_id: str) -> RunContext:
+        """This context as one node needs it: the session's ids, revision and budget, and whether the
+        node is reused; no other node's lane, place or reuse."""
+        return RunContext(
+            root_run_id=self.root_run_id,
+            revision=self.revision,
+            budgets=self.budgets,
+            steps_used=self.steps_used,
+            reused=[node_id] if node_id in self.reused else [],
+        )
+
 
 def replan_run_id(root_run_id: str, revision: int) -> str:
     """Run ids of a session's revisions: the root run's id with the revision, easy to follow in the UI."""

@@ -93,6 +93,24 @@ def _install() -> None:
 
         module.parse = parse  # type: ignore[attr-defined]
 
+        folder = os.environ.get("PLAN_BENCH_PROFILE")
+        if folder:
+            original_main = module.main  # type: ignore[attr-defined]
+
+            def main() -> object:
+                import cProfile
+
+                profile = cProfile.Profile(time.process_time)
+                profile.enable()
+                try:
+                    return original_main()
+                finally:
+                    profile.disable()
+                    name = f"{current.get('dag_id')}.{current.get('task_id')}.{current.get('map_index')}"
+                    profile.dump_stats(f"{folder}/{name}.{os.getpid()}.prof")
+
+            module.main = main  # type: ignore[attr-defined]
+
     def patch_httpx(module: object) -> None:
         client = module.Client  # type: ignore[attr-defined]
         original = client.send

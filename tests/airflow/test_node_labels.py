@@ -1,6 +1,6 @@
-"""Each node instance's label (its rendered map index, ``id · action``) is the value its node task maps
+"""Each node instance's label (its rendered map index, ``id · action``) is in the brief its node task maps
 over, so the label Airflow sets when the instance starts is already its last; the action is shown as
-written, never rendered as a template (it is the planner's text)."""
+written, never rendered as a template (it is the planner's text), and so are the params."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ PLAN = {
             "id": "b",
             "action": "second, after a",
             "tool": "emit",
-            "params": {"value": 2},
+            "params": {"value": 2, "note": "{{ 6 * 7 }}"},
             "dependencies": ["a"],
         },
         {"id": "a", "action": "sum {{ 7 * 7 }} and {% raw %}", "tool": "emit", "params": {"value": 1}},
@@ -42,10 +42,22 @@ def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(
     run = run_plan_dag(dag, {"goal": "label", "plan": PLAN})
     assert str(run.state) == "success" and log.count("emit") == 2
     labels = ["a · sum {{ 7 * 7 }} and {% raw %}", "b · second, after a"]  # run order: a parent first
-    assert xcom(run, PLAN_TASK) == labels
+    briefs = xcom(run, PLAN_TASK)
+    assert [brief["label"] for brief in briefs] == labels
+    assert [brief["node_id"] for brief in briefs] == ["a", "b"]
+    # b's brief: b and its parent a, where a's instance is; nothing of the rest of the plan
+    assert [node["id"] for node in briefs[1]["plan"]["nodes"]] == ["b", "a"]
+    assert briefs[1]["at"] == {"a": [NODES_TASK, 0], "b": [NODES_TASK, 1]}
     shown = {
         ti.map_index: ti.rendered_map_index
         for ti in _task_instances(run.dag_id, run.run_id)
         if ti.task_id == NODES_TASK
     }
     assert shown == dict(enumerate(labels))
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id)
+        rendered = {row.map_index: row.rendered_fields for row in rows if row.task_id == NODES_TASK}
+    assert rendered[1] == {"resolved_params": {"value": 2, "note": "{{ 6 * 7 }}"}}

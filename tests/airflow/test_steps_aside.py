@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from airflow_plan_provider.contract import NODES_TASK
 def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
     cap: int | None, expected: bool
 ) -> None:
+    from airflow_plan_provider.contract import NodeBrief, node_briefs
     from airflow_plan_provider.operators.node_wait import SlotWait
     from airflow_plan_provider.plan.session import RunContext
     from airflow_plan_provider.plan.validate import validate_plan
@@ -34,6 +36,8 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
         }
     )
     order = plan.run_order
+    run = RunContext(execution_order=order)
+    briefs = {b["node_id"]: NodeBrief.model_validate(b) for b in node_briefs(plan, run, NODES_TASK)}
     state = {"r": "running", "x": "success", "y": "queued", "a": "running", "z": "scheduled", "b": "running"}
     states = {f"{NODES_TASK}_{index}": state[node] for index, node in enumerate(order)}
 
@@ -42,9 +46,8 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
         ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
         waiting = SlotWait(
             ti=ti,
-            plan=plan,
-            run_context=RunContext(),
-            node_id=node,
+            brief=briefs[node],
+            whole=lambda: (plan, run),
             policy=WaitingPolicy(),
             log=logging.getLogger("t"),
             pick_up=lambda node_ids: {},
@@ -53,3 +56,51 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
         return waiting.policy.next_move(waiting._view(states, waited=0.0)).kind is Wait.STEP_ASIDE
 
     assert [n for n in order if steps_aside(n)] == (["b"] if expected else [])
+
+
+def test_a_waiting_node_reads_the_whole_plan_only_when_the_policy_looks_beyond_its_brief() -> None:
+    """A node whose parents finished starts on its brief alone; one whose parents run reads the plan
+    and the run's layout once (stepping aside looks at the whole task), however many reads it makes;
+    in a large plan (its nodes read their parents' instances one by one) it never does."""
+    from airflow_plan_provider.contract import NodeBrief, node_briefs
+    from airflow_plan_provider.operators.node_wait import SlotWait
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
+
+    plan = validate_plan(
+        {
+            "nodes": [{"id": n, "action": "work", "tool": "t"} for n in ("a", "b", "c")],
+            "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}],
+        }
+    )
+    run = RunContext(execution_order=plan.run_order)
+    briefs = {b["node_id"]: NodeBrief.model_validate(b) for b in node_briefs(plan, run, NODES_TASK)}
+    index = {node: i for i, node in enumerate(plan.run_order)}
+
+    def moves(node: str, state: dict[str, str], policy: WaitingPolicy, reads: int = 3) -> tuple[Wait, int]:
+        wholes: list[int] = []
+
+        def whole() -> tuple[Any, RunContext]:
+            wholes.append(1)
+            return plan, run
+
+        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
+        waiting = SlotWait(
+            ti=ti,
+            brief=briefs[node],
+            whole=whole,
+            policy=policy,
+            log=logging.getLogger("t"),
+            pick_up=lambda node_ids: {},
+        )
+        states = {f"{NODES_TASK}_{index[n]}": s for n, s in state.items()}
+        kinds = {waiting.policy.next_move(waiting._view(states, waited=0.0)).kind for _ in range(reads)}
+        [kind] = kinds
+        return kind, len(wholes)
+
+    finished = {"a": "success", "b": "success", "c": "running"}
+    running = {"a": "success", "b": "running", "c": "running"}
+    assert moves("c", finished, WaitingPolicy()) == (Wait.READY, 0)
+    assert moves("c", running, WaitingPolicy()) == (Wait.WAIT, 1)
+    assert moves("c", running, WaitingPolicy(read_all_states_up_to=2)) == (Wait.WAIT, 0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
@@ -23,9 +22,12 @@ from tests.unit.test_llm_planner import good_plan, planner_for, request, run
 KEY = "sk-fuzz-Hq3Lm8Zt2Vb6Nc1Xw9Pk4Rj7Ys5Df0Ga"
 PIECES = [KEY, KEY[:12], KEY[6:30], KEY[-9:], KEY[3:11]]
 DEEP = "@@deep@@"  # replaced by a deeply nested array once the body is encoded
+# No deadline: a timing is no test here (on a busy 2-core machine an example once took more than 5 s,
+# and the failure report of an example holding a lone surrogate cannot cross pytest-xdist's channel,
+# so a whole `make test` ended in an internal error instead).
 FUZZ = settings(
     max_examples=150,
-    deadline=timedelta(seconds=5),
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -168,7 +170,7 @@ def test_every_reply_ends_as_a_valid_plan_or_a_planning_error() -> None:
         check()
 
 
-@settings(max_examples=300, deadline=timedelta(seconds=2))
+@settings(max_examples=300, deadline=None)
 @given(
     parts=st.lists(st.one_of(st.text(max_size=60), st.sampled_from(PIECES)), max_size=12),
     limit=st.integers(1, 400),

@@ -123,14 +123,20 @@ def step(
     try_number: int = 1,
     retries: int = 0,
     node_id: str = "c",
+    around: bool = False,
     **run: Any,
 ) -> NodeStep:
+    """A try of ``node_id`` of :data:`PLAN`; ``around``: given the node and its parents only, as a node
+    task is (``ValidatedPlan.around`` and ``RunContext.for_node``), not the whole plan and context."""
     plan = validate_plan(PLAN, tools)
     context = RunContext(root_run_id="r1", execution_order=["a", "b", "c"], **run)
+    position = context.position(node_id)
+    if around:
+        plan, context = plan.around(node_id), context.for_node(node_id)
     if parents is None:
         parents = {p: ok(p) for p in plan.parents[node_id]}
     ctx = TryContext(run_id="r1", scope="d", source=SOURCE, try_number=try_number, retries=retries)
-    return NodeStep(NodeInputs(plan, node_id, context, parents, tools), ctx, host or Host())
+    return NodeStep(NodeInputs(plan, node_id, context, position, parents, tools), ctx, host or Host())
 
 
 def ok(node_id: str, output: Any = None) -> NodeRecord:
@@ -270,7 +276,7 @@ def test_unknown_tool_and_invalid_params_fail_the_node() -> None:
     plan_tools = ToolRegistry([tools["get"], tools["use"]])
     this = step(plan_tools)
     this.inputs = NodeInputs(
-        this.inputs.plan, "c", this.inputs.run, this.inputs.parents, {"get": tools["get"]}
+        this.inputs.plan, "c", this.inputs.run, 2, this.inputs.parents, {"get": tools["get"]}
     )
     outcome = this.run()
     assert outcome.record is not None and outcome.record.error == "unknown tool 'use'"
@@ -364,3 +370,48 @@ def test_the_key_s_scope_is_the_dag_and_its_task_group() -> None:
     assert key_scope("d") == "d" and key_scope("d", "g") == "d:g"
     keys = {node_key(key_scope("d", g), "r1", plan.node("c")) for g in ("", "g", "h")}
     assert len(keys) == 3
+
+
+@pytest.mark.parametrize(
+    "parents",
+    [
+        {"a": "success", "b": "success"},
+        {"a": "success", "b": "failed"},
+        {"a": "failed", "b": "success"},
+        {"a": "success", "b": "replan"},
+    ],
+    ids=["both succeeded", "optional parent failed", "hard parent failed", "parent requested a replan"],
+)
+@pytest.mark.parametrize("budget", [3, 2], ids=["within the step budget", "past the step budget"])
+def test_a_node_given_only_itself_and_its_parents_ends_as_with_the_whole_plan(
+    parents: dict[str, str], budget: int
+) -> None:
+    """A node task gets the node and its parents (its brief), the local runner the whole plan: the same
+    decision, params, key, call and record either way."""
+
+    def record(node_id: str, how: str) -> NodeRecord:
+        if how == "failed":
+            return NodeRecord(node_id=node_id, status=NodeStatus.FAILED, error="boom")
+        done = ok(node_id, {"v": node_id})
+        done.replan_requested = how == "replan"
+        return done
+
+    ends = []
+    for around in (False, True):
+        host = Host()
+        records: dict[str, NodeRecord | None] = {p: record(p, how) for p, how in parents.items()}
+        outcome = step(registry(), records, host, around=around, budgets=Budgets(max_steps=budget)).run()
+        assert outcome.record is not None
+        ends.append(
+            (
+                outcome.kind,
+                outcome.record.model_dump(exclude={"started_at", "ended_at", "duration_s", "events"}),
+                [(c.idempotency_key, c.missing_inputs) for c in host.calls],
+            )
+        )
+    assert ends[0] == ends[1]
+    runs = parents["a"] == "success" and parents["b"] != "replan" and budget == 3
+    kind, _, calls = ends[0]
+    assert (kind, len(calls)) == (("succeeded", 1) if runs else ("skipped", 0))
+    if runs and parents["b"] == "failed":
+        assert calls[0][1] == ("b",)
