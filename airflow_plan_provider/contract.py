@@ -12,9 +12,10 @@ and each publishes these XComs (task → key: shape):
   :class:`~airflow_plan_provider.plan.session.SessionState`; ``run``:
   :class:`~airflow_plan_provider.plan.session.RunContext`; ``locked__<node>``:
   :class:`~airflow_plan_provider.plan.session.LockedOutput` (one per reused node); ``planning_error``:
-  :class:`PlanningErrorRecord` (when planning failed); ``return_value``: the briefs (:class:`NodeBrief`) of
-  the default lane's nodes, which its node task maps over.
-- ``select_nodes__<lane>`` → ``return_value``: the briefs of the lane's nodes.
+  :class:`PlanningErrorRecord` (when planning failed); ``briefs__<node task>__<n>``: a group of the node
+  tasks' :class:`NodeBrief` (:func:`briefs_key`); ``return_value``: the labels (``id · action``) of the
+  default lane's nodes, which its node task maps over.
+- ``select_nodes__<lane>`` → ``return_value``: the labels of the lane's nodes.
 - ``approve`` → ``approval``: :class:`ApprovalRecord`.
 - ``nodes`` / ``nodes__<lane>`` (each instance) → ``node``:
   :class:`~airflow_plan_provider.plan.result.NodeRecord` (as :meth:`~.NodeRecord.pushed`); ``polling``:
@@ -41,7 +42,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from airflow_plan_provider.plan.approval import Approval
 from airflow_plan_provider.plan.base_model import Model
-from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.model import Node, ValidatedPlan, node_and_parents
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.tools.registry import Tool
@@ -64,6 +65,7 @@ SESSION_KEY = "session"  # of plan: the SessionState
 RUN_CONTEXT_KEY = "run"  # of plan: the RunContext (what the node tasks need of the session)
 PLANNING_ERROR_KEY = "planning_error"  # of plan: a PlanningErrorRecord
 LOCKED_PREFIX = "locked__"  # of plan: ``locked__<node>``, a reused node's LockedOutput
+BRIEFS_PREFIX = "briefs__"  # of plan: ``briefs__<node task>__<n>``, the NodeBriefs of the task's nodes
 APPROVAL_KEY = "approval"  # of approve: an ApprovalRecord
 NODE_KEY = "node"  # of each node instance: its NodeRecord
 POLLING_KEY = "polling"  # of a node instance waiting for its asynchronous job: a PollingRecord
@@ -86,6 +88,23 @@ def select_task_id(node_task: str) -> str:
 def locked_key(node_id: str) -> str:
     """The XCom key (of ``plan``) holding a reused node's locked output."""
     return f"{LOCKED_PREFIX}{node_id}"
+
+
+#: How many node briefs one XCom of the planning task holds (:func:`briefs_key`): a node reads the
+#: briefs of its group, so what it reads stays a few KB however large the plan, and a plan of N nodes
+#: costs its planning task N / 32 XCom writes.
+BRIEFS_PER_XCOM = 32
+
+
+def briefs_key(task_id: str, map_index: int) -> str:
+    """The XCom key (of ``plan``) holding the brief of instance ``map_index`` of node task ``task_id``
+    (without a task group's prefix), among the briefs of its group of :data:`BRIEFS_PER_XCOM`
+    instances (at position ``map_index % BRIEFS_PER_XCOM``).
+
+    >>> briefs_key("nodes", 0), briefs_key("nodes", 31), briefs_key("nodes__api", 32)
+    ('briefs__nodes__0', 'briefs__nodes__0', 'briefs__nodes__api__1')
+    """
+    return f"{BRIEFS_PREFIX}{task_id}{LANE_SEPARATOR}{map_index // BRIEFS_PER_XCOM}"
 
 
 def node_label(node_id: str, action: str) -> str:
@@ -146,64 +165,114 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     return tasks
 
 
-class NodeBrief(Model):
-    """What one node's task instance needs of its run, handed to it as its mapped value: Airflow gives
-    each instance its own item of the list its task maps over, so a node reads no plan, no run context
-    and no layout to start, and what it reads does not grow with the plan beyond that list.
+class ParentBrief(Model):
+    """What a node needs of one of its parents: its id, the tool and params it is called with (they key
+    its stored output), and whether the edge is optional."""
 
-    :param label: ``id · action``, the instance's label in the grid (its ``map_index_template``).
-    :param node_id: the node.
-    :param plan: the node and its parents, with the edges between them
-        (:meth:`~airflow_plan_provider.plan.model.ValidatedPlan.around`).
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    tool: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    optional: bool = False
+
+
+class NodeBrief(Model):
+    """What one node's task instance needs of its run: the planning task publishes the briefs of a
+    node task's instances in groups (:func:`briefs_key`), so a node reads its group, a few KB however
+    large the plan, and no plan, run context or layout, to start.
+
+    :param node: the node.
+    :param parents: its parents (:class:`ParentBrief`), in the plan's order of its parents.
+    :param grandparents: each parent's own parents: how near the parents are to running.
+    :param at: node task id (without a task group's prefix) → node id → map index, for the instances
+        of the node, its parents and its grandparents.
     :param run: the run's context as this node needs it
         (:meth:`~airflow_plan_provider.plan.session.RunContext.for_node`).
     :param position: the node's place in the revision's execution order (what the step budget counts);
         None for a reused node.
-    :param grandparents: each parent's own parents: how near the parents are to running.
-    :param at: node id → ``[task id, map index]`` of the instances of the node, its parents and its
-        grandparents (task ids without a task group's prefix).
     :param plan_size: the number of nodes of the whole plan.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    label: str
-    node_id: str
-    plan: ValidatedPlan
-    run: RunContext
-    position: int | None = None
+    node: Node
+    parents: list[ParentBrief] = Field(default_factory=list)
     grandparents: dict[str, list[str]] = Field(default_factory=dict)
-    at: dict[str, tuple[str, int]]
+    at: dict[str, dict[str, int]]
+    run: RunContext = Field(default_factory=RunContext)
+    position: int | None = None
     plan_size: int
 
     @property
-    def parents(self) -> list[str]:
-        return self.plan.parents[self.node_id]
+    def node_id(self) -> str:
+        return self.node.id
+
+    @property
+    def label(self) -> str:
+        return node_label(self.node.id, self.node.action)
+
+    @cached_property
+    def plan(self) -> ValidatedPlan:
+        """The node and its parents as a plan of their own
+        (:func:`~airflow_plan_provider.plan.model.node_and_parents`)."""
+        parents = [(Node(id=p.id, action="", tool=p.tool, params=p.params), p.optional) for p in self.parents]
+        return node_and_parents(self.node, parents)
+
+    def location(self, node_id: str) -> tuple[str, int]:
+        """The task id (without a group's prefix) and map index of the instance of ``node_id``, one of
+        the node, its parents and its grandparents."""
+        for task_id, indexes in self.at.items():
+            if node_id in indexes:
+                return task_id, indexes[node_id]
+        raise KeyError(node_id)
 
 
-def node_briefs(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[dict[str, Any]]:
-    """The briefs (:class:`NodeBrief`, as JSON) of the nodes node task ``task_id`` maps, in map-index
-    order: what the task maps over. Each instance's label is in its brief (``map_index_template``), so
-    the label Airflow sets when the instance starts is already its last."""
+def node_labels(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[str]:
+    """The labels (``id · action``) of the nodes node task ``task_id`` maps, in map-index order: what
+    the task maps over. Each instance's label is its mapped value (``map_index_template``), so the label
+    Airflow sets when the instance starts is already its last. Airflow reads the whole list for every
+    instance it starts (it resolves a mapped value from the upstream task's whole return value), so
+    the list holds nothing more: a node's brief is read apart (:func:`node_briefs`)."""
+    return [node_label(node, plan.node(node).action) for node in node_tasks(plan, run).get(task_id, [])]
+
+
+def node_briefs(plan: ValidatedPlan, run: RunContext) -> dict[str, list[dict[str, Any]]]:
+    """XCom key (:func:`briefs_key`) → the briefs (:class:`NodeBrief`, as JSON) it holds, in map-index
+    order, for every node of the run."""
     tasks = node_tasks(plan, run)
     at = {node: (task, index) for task, nodes in tasks.items() for index, node in enumerate(nodes)}
-    briefs = []
-    for node_id in tasks.get(task_id, []):
-        parents = plan.parents[node_id]
-        grandparents = {p: plan.parents[p] for p in parents}
-        near = {node_id, *parents, *(g for gs in grandparents.values() for g in gs)}
-        brief = NodeBrief(
-            label=node_label(node_id, plan.node(node_id).action),
-            node_id=node_id,
-            plan=plan.around(node_id),
-            run=run.for_node(node_id),
-            position=run.position(node_id),
-            grandparents=grandparents,
-            at={n: at[n] for n in sorted(near)},
-            plan_size=len(plan.nodes),
-        )
-        briefs.append(brief.model_dump(mode="json", by_alias=True, exclude_defaults=True))
-    return briefs
+    soft = set(map(tuple, plan.soft_edges))
+    published: dict[str, list[dict[str, Any]]] = {}
+    for task_id, nodes in tasks.items():
+        for index, node_id in enumerate(nodes):
+            parents = plan.parents[node_id]
+            grandparents = {p: plan.parents[p] for p in parents}
+            where: dict[str, dict[str, int]] = {}
+            for near in sorted({node_id, *parents, *(g for gs in grandparents.values() for g in gs)}):
+                near_task, near_index = at[near]
+                where.setdefault(near_task, {})[near] = near_index
+            brief = NodeBrief(
+                node=plan.node(node_id),
+                parents=[
+                    ParentBrief(
+                        id=p,
+                        tool=plan.node(p).tool,
+                        params=plan.node(p).params,
+                        optional=(p, node_id) in soft,
+                    )
+                    for p in parents
+                ],
+                grandparents={p: gs for p, gs in grandparents.items() if gs},
+                at=where,
+                run=run.for_node(node_id),
+                position=run.position(node_id),
+                plan_size=len(plan.nodes),
+            )
+            published.setdefault(briefs_key(task_id, index), []).append(
+                brief.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
+            )
+    return published
 
 
 def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule
 
@@ -50,7 +50,6 @@ from airflow_plan_provider.contract import (
     lane_task_id,
     select_task_id,
 )
-from airflow_plan_provider.operators.approval import PlanApprovalOperator
 from airflow_plan_provider.operators.finalize import FinalizePlanOperator
 from airflow_plan_provider.operators.node import PlanNodeOperator
 from airflow_plan_provider.operators.plan_task import PlanOperator
@@ -58,7 +57,6 @@ from airflow_plan_provider.operators.replan import ReplanOperator
 from airflow_plan_provider.operators.select import LaneSelectOperator
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.validate import Limits
-from airflow_plan_provider.planners.base import Planner
 from airflow_plan_provider.settings import (
     ApprovalPolicy,
     ArtifactStore,
@@ -75,8 +73,11 @@ from airflow_plan_provider.tools.registry import (
     missing_tools_message,
 )
 
-# each instance's label, ``id · action``, is in its mapped value (contract.NodeBrief): set once, at its start
-MAP_INDEX_TEMPLATE = "{{ task.plan_node.label }}"
+if TYPE_CHECKING:
+    from airflow_plan_provider.planners.base import Planner
+
+# each instance's label is its mapped value, ``id · action`` (contract.node_labels): set once, when it starts
+MAP_INDEX_TEMPLATE = "{{ task.plan_node }}"
 
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process
@@ -278,6 +279,9 @@ class _PlanTasks:
         )
         approve = None
         if self.asks_approval:
+            # imported only by the DAGs that ask for approval: every task of a DAG parses its file
+            from airflow_plan_provider.operators.approval import PlanApprovalOperator
+
             approve = PlanApprovalOperator(
                 task_id=APPROVE_TASK,
                 mode=self.approval.mode,

@@ -16,9 +16,7 @@ from airflow_plan_provider.contract import (
     PlanningErrorRecord,
 )
 from airflow_plan_provider.operators._telemetry import emit
-from airflow_plan_provider.operators.approval import record_answer
 from airflow_plan_provider.operators.layout import pull_node_records, pull_plan, pull_session, task_id_in
-from airflow_plan_provider.plan.conclusion import conclude, fail_session, finish_session, prepare_replan
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord, SessionResult
@@ -82,6 +80,15 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         self.replan_task_id = replan_task_id
 
     def execute(self, context: Context) -> dict[str, Any] | None:
+        # imported here, not by the DAG file every node task parses
+        from airflow_plan_provider.operators.approval import record_answer
+        from airflow_plan_provider.plan.conclusion import (
+            conclude,
+            fail_session,
+            finish_session,
+            prepare_replan,
+        )
+
         ti = context["ti"]
         state = pull_session(ti)
         plan = pull_plan(ti)

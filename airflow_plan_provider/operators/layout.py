@@ -13,11 +13,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_plan_provider.contract import (
+    BRIEFS_PER_XCOM,
     NODE_KEY,
     PLAN_KEY,
     PLAN_TASK,
     RUN_CONTEXT_KEY,
     SESSION_KEY,
+    NodeBrief,
+    briefs_key,
     locked_key,
     node_tasks,
 )
@@ -41,6 +44,17 @@ def task_id_in(ti: Any, task_id: str) -> str:
 def pull_plan(ti: Any) -> ValidatedPlan | None:
     raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLAN_KEY)
     return ValidatedPlan.model_validate(raw) if raw else None
+
+
+def pull_brief(ti: Any) -> NodeBrief | None:
+    """The brief of node instance ``ti``, as the planning task published it (None when it did not)."""
+    task = getattr(ti, "task", None)
+    task_id = ti.task_id.removeprefix(group_prefix(task))
+    briefs = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=briefs_key(task_id, ti.map_index))
+    position = ti.map_index % BRIEFS_PER_XCOM
+    if not isinstance(briefs, list) or position >= len(briefs):
+        return None
+    return NodeBrief.model_validate(briefs[position])
 
 
 def pull_session(ti: Any) -> SessionState:

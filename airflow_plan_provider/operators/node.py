@@ -17,17 +17,17 @@ from airflow_plan_provider.airflow_features import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
-from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, NodeBrief
+from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, NodeBrief, labelled_node
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
     group_prefix,
+    pull_brief,
     pull_locked,
     pull_plan,
     pull_records_at,
     pull_run_context,
 )
-from airflow_plan_provider.operators.node_wait import SlotWait
 from airflow_plan_provider.plan.calls import key_scope, node_key
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import EventSource
@@ -43,21 +43,24 @@ from airflow_plan_provider.plan.node_step import (
 )
 from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, now
 from airflow_plan_provider.plan.session import LockedOutput, RunContext
-from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
-from airflow_plan_provider.tools.jobs import JobOutcome
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
-from airflow_plan_provider.triggers.payloads import validate_job_event, validate_parents_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_plan_provider.plan.waiting import WaitingPolicy
+
+# The waiting policy and its reads, the triggers' payload checks and the asynchronous jobs' helpers are
+# imported by the nodes that need them (a node with parents, a resumed node, a job's node): every task
+# of a plan DAG parses the DAG file, which imports this module.
+
 
 @dataclass
 class NodeRun:
-    """What one node instance knows while it runs: its task instance, its brief (its mapped value: the
-    node, its parents, the run's context as the node needs it, where its parents' instances are), its
-    operator, and when it began (``started_at``, before it waited for its parents)."""
+    """What one node instance knows while it runs: its task instance, its brief (the node, its parents,
+    the run's context as the node needs it, where its parents' instances are), its operator, and when it
+    began (``started_at``, before it waited for its parents)."""
 
     ti: Any
     brief: NodeBrief
@@ -71,7 +74,7 @@ class NodeRun:
 
     @property
     def node(self) -> Node:
-        return self.brief.plan.node(self.brief.node_id)
+        return self.brief.node
 
     @property
     def run_context(self) -> RunContext:
@@ -190,9 +193,10 @@ class _ToolsWhenNeeded(Mapping[str, Tool]):
 
 
 class PlanNodeOperator(BaseOperator):
-    """Run the node of brief ``plan_node`` (a :class:`~airflow_plan_provider.contract.NodeBrief`, its
-    mapped value: the node, its parents, where their instances are, the run's context as the node needs
-    it) of the plan published by the planning task (one instance per mapped node).
+    """Run node ``plan_node`` (its label, ``id · action``: its mapped value) of the plan published by the
+    planning task (one instance per mapped node), from its brief
+    (:class:`~airflow_plan_provider.contract.NodeBrief`: the node, its parents, where their instances
+    are, the run's context as the node needs it), the one XCom it reads to start.
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -224,7 +228,7 @@ class PlanNodeOperator(BaseOperator):
     def __init__(
         self,
         *,
-        plan_node: Mapping[str, Any],
+        plan_node: str,
         tools: ToolRegistry | str | None = None,
         artifact_store: str | None = None,
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
@@ -243,6 +247,8 @@ class PlanNodeOperator(BaseOperator):
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
+        from airflow_plan_provider.plan.waiting import WaitingPolicy
+
         return WaitingPolicy(slot_wait=self.slot_wait)
 
     def show_resolved_params(self, shown: Any) -> None:
@@ -252,20 +258,28 @@ class PlanNodeOperator(BaseOperator):
         self.template_fields = ("resolved_params",)
 
     def _start(self, context: Context) -> NodeRun:
+        ti = context["ti"]
+        node_id = labelled_node(self.plan_node)
         try:
-            brief = NodeBrief.model_validate(self.plan_node)
+            brief = pull_brief(ti)
         except ValidationError as error:
             raise AirflowFailException(
-                f"this node's mapped value is not a node brief ({error.error_count()} problem(s), first: "
-                f"{error.errors()[0]['msg']}); a run planned by an earlier version of the provider: "
-                "clear its plan task to plan it again"
+                f"node {node_id}: its brief is malformed ({error.error_count()} problem(s), first: "
+                f"{error.errors()[0]['msg']})"
             ) from None
-        return NodeRun(context["ti"], brief, self)
+        if brief is None:
+            raise AirflowFailException(
+                f"node {node_id}: the planning task published no brief for it (a run planned by an earlier "
+                "version of the provider: clear its plan task to plan it again)"
+            )
+        if brief.node_id != node_id:
+            raise AirflowFailException(f"node {node_id}: its brief is node {brief.node_id}'s")
+        return NodeRun(ti, brief, self)
 
     def execute(self, context: Context) -> None:
         run = self._start(context)
         picked = self._await_parents(run, context)  # a parent still running has no record yet
-        unpicked = {p: run.brief.at[p] for p in run.brief.parents if p not in picked}
+        unpicked = {p.id: run.brief.location(p.id) for p in run.brief.parents if p.id not in picked}
         records = {**pull_records_at(run.ti, unpicked), **picked}
         step = run.step(records, _ToolsWhenNeeded(self.tools))
         self._act(run, step.run())
@@ -306,6 +320,11 @@ class PlanNodeOperator(BaseOperator):
         aside or make way as the waiting policy decides (:class:`~.node_wait.SlotWait` reads the states
         and applies :mod:`airflow_plan_provider.plan.waiting`, which says when and why)."""
         ti = run.ti
+        if not run.brief.parents:
+            return {}
+        from airflow_plan_provider.operators.node_wait import SlotWait
+        from airflow_plan_provider.plan.waiting import Wait
+
         waiting = SlotWait(
             ti=ti,
             brief=run.brief,
@@ -357,6 +376,8 @@ class PlanNodeOperator(BaseOperator):
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
         look at the parents again. An event the trigger cannot have sent fails the node, naming the fault."""
         try:
+            from airflow_plan_provider.triggers.payloads import validate_parents_event
+
             validate_parents_event(event)
         except TriggerEventError as error:
             raise self._start(context).fail(str(error)) from error
@@ -399,8 +420,12 @@ class PlanNodeOperator(BaseOperator):
         ti = run.ti
         saved = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
         try:
+            from airflow_plan_provider.triggers.payloads import validate_job_event
+
             job, malformed = validate_job_event(event), False
         except TriggerEventError as error:
+            from airflow_plan_provider.tools.jobs import JobOutcome
+
             job, malformed = JobOutcome("failed", reason=str(error)), True
         self._act(run, run.step().job_ended(JobWait.from_saved(saved), job, malformed=malformed))
 

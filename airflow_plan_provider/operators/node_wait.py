@@ -56,13 +56,17 @@ class SlotWait:
         brief = self.brief
         self.node_id = brief.node_id
         self.prefix = group_prefix(getattr(self.ti, "task", None))
-        self.parent_ids = list(brief.parents)
+        self.parent_ids = [parent.id for parent in brief.parents]
         self.tasks = self._where(self.parent_ids)
         self.grandparents = self._where(sorted({g for gs in brief.grandparents.values() for g in gs}))
         self.one_by_one = self.policy.reads_one_by_one(brief.plan_size)
-        near = {self.node_id: self.parent_ids, **brief.grandparents}
+        near = {self.node_id: self.parent_ids, **{p: brief.grandparents.get(p, []) for p in self.parent_ids}}
         #: node id -> its task instance's key in a read (Airflow's ``<task id>_<map index>``)
-        keys = {node: f"{self.prefix}{task}_{index}" for node, (task, index) in brief.at.items()}
+        keys = {
+            node: f"{self.prefix}{task}_{index}"
+            for task, indexes in brief.at.items()
+            for node, index in indexes.items()
+        }
         self.parents: Mapping[str, list[str]] = _BriefFirst(near, self._whole_parents)
         self.keys: Mapping[str, str] = _BriefFirst(keys, self._whole_keys)
         self.queue: Sequence[str] = _WholeQueue(self._whole_queue)
@@ -71,7 +75,7 @@ class SlotWait:
         """Task id (with the group's prefix) -> the map indexes of ``node_ids``' instances."""
         found: dict[str, list[int]] = {}
         for node in node_ids:
-            task, index = self.brief.at[node]
+            task, index = self.brief.location(node)
             found.setdefault(self.prefix + task, []).append(index)
         return found
 

@@ -31,11 +31,11 @@ from airflow_plan_provider.contract import (
     lane_of,
     locked_key,
     node_briefs,
+    node_labels,
 )
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.links import ParentRunLink
-from airflow_plan_provider.operators.session_trust import verified_session
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
@@ -50,18 +50,15 @@ from airflow_plan_provider.plan.session import (
     start_session,
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
-from airflow_plan_provider.planners.base import (
-    Planner,
-    PlanningOutcome,
-    PlanRequest,
-    plan_with_repairs,
-    rejected_problem_count,
-    replan_request,
-)
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_plan_provider.planners.base import Planner, PlanningOutcome, PlanRequest
+
+# The planners, the session checks and the merge are imported where the planning task runs, not at
+# module level: every task of a plan DAG (each node) parses the DAG file, which imports this module.
 
 MAX_MESSAGE_CHARS = 2000  # of an error's own text (before its problem list) in logs and XCom
 FROZEN_PLAN_REFUSAL = (
@@ -145,7 +142,7 @@ class PlanOperator(BaseOperator):
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
-    def execute(self, context: Context) -> list[dict[str, Any]]:
+    def execute(self, context: Context) -> list[str]:
         ti = context["ti"]
         run_id = context["run_id"]
         shared = artifacts.local_store_warning(self.artifact_store)
@@ -213,7 +210,9 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
-        return node_briefs(plan, run, NODES_TASK)
+        for key, briefs in node_briefs(plan, run).items():
+            ti.xcom_push(key=key, value=briefs)
+        return node_labels(plan, run, NODES_TASK)
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""
@@ -269,6 +268,8 @@ class PlanOperator(BaseOperator):
         self, ti: Any, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str
     ) -> SessionState:
         if conf.get("session") is not None:
+            from airflow_plan_provider.operators.session_trust import verified_session
+
             verified = verified_session(ti, conf, run_id)
             return continue_session(verified, dag_id=ti.dag_id, run_id=run_id)
         budgets = Budgets(
@@ -291,6 +292,8 @@ class PlanOperator(BaseOperator):
     ) -> tuple[PlanSource, PlanningOutcome]:
         """The run's plan and where it came from: a ready plan (the conf's, or the DAG's own), the
         planner's first plan, or (a replan run) the planner's replacement merged into the current plan."""
+        from airflow_plan_provider.planners.base import PlanRequest, replan_request
+
         limits = self.limits
         if state.current_plan is None:
             if params.get("plan"):
@@ -334,6 +337,8 @@ class PlanOperator(BaseOperator):
         A kept reply goes through ``finish`` again (the same checks as any planner reply); if it no
         longer passes, the planner is asked as usual.
         """
+        from airflow_plan_provider.planners.base import PlanningOutcome, plan_with_repairs
+
         kept = _kept_reply(store.get(ACCEPTED_REPLY_KEY)) if store is not None else None
         if kept is not None:
             try:
@@ -397,6 +402,8 @@ class PlanOperator(BaseOperator):
 def _ready_plan(raw: Any, tools: ToolRegistry, limits: Limits) -> PlanningOutcome:
     """A ready plan (from the run's conf, or the DAG's own), validated as given: nobody can repair it, so
     its problems are reported at once (raises :class:`PlanningError`, reason ``invalid_plan``)."""
+    from airflow_plan_provider.planners.base import PlanningOutcome
+
     try:
         return PlanningOutcome(validate_plan(raw, tools, limits), attempts=1, usage=[], rejected=[])
     except PlanValidationError as error:
@@ -427,6 +434,8 @@ def _kept_reply(value: Any) -> dict[str, Any] | None:
 
 def _rejected(rejected: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """Event fields for the problems of each rejected attempt: the first ones and each attempt's total."""
+    from airflow_plan_provider.planners.base import rejected_problem_count
+
     return {
         "rejected": [problems[:MAX_REPORTED_PROBLEMS] for problems in rejected],
         "rejected_total": [rejected_problem_count(problems) for problems in rejected],

@@ -10,6 +10,7 @@ Nodes may instead list their parents in ``dependencies``; those become hard edge
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -130,9 +131,7 @@ class ValidatedPlan(Plan):
         return Plan(goal=self.goal, nodes=self.nodes, edges=self.edges)
 
     def around(self, node_id: str) -> ValidatedPlan:
-        """Node ``node_id`` and its parents as a plan of their own, with the edges between them: all a
-        node's step needs of the plan (its parents and which are optional, their specs for the keys of
-        their stored outputs, its own spec), whatever the size of the whole plan.
+        """Node ``node_id`` and its parents as a plan of their own (:func:`node_and_parents`).
 
         >>> nodes = [{"id": n, "action": n, "tool": "t"} for n in "abc"]
         >>> plan = ValidatedPlan.model_validate({"nodes": nodes,
@@ -143,11 +142,21 @@ class ValidatedPlan(Plan):
         >>> part.node_ids, part.parents, part.soft_edges
         (['a', 'b'], {'a': [], 'b': ['a']}, [('a', 'b')])
         """
-        keep = {node_id, *self.parents[node_id]}
-        return ValidatedPlan(
-            nodes=[node for node in self.nodes if node.id in keep],
-            edges=[edge for edge in self.edges if edge.source in keep and edge.target in keep],
-            layers=[kept for layer in self.layers if (kept := [n for n in layer if n in keep])],
-            parents={n: [p for p in self.parents[n] if p in keep] for n in self.parents if n in keep},
-            soft_edges=[(a, b) for a, b in self.soft_edges if a in keep and b in keep],
-        )
+        soft = set(map(tuple, self.soft_edges))
+        parents = [(self.node(p), (p, node_id) in soft) for p in self.parents[node_id]]
+        return node_and_parents(self.node(node_id), parents)
+
+
+def node_and_parents(node: Node, parents: Sequence[tuple[Node, bool]]) -> ValidatedPlan:
+    """``node`` and its ``parents`` (each with whether its edge is optional) as a plan of their own: all
+    a node's step needs of its plan (which parents it has and which are optional, their tools and
+    params for the keys of their stored outputs, its own spec), whatever the size of the whole plan.
+    Edges between the parents are not kept: the node does not wait on them."""
+    ids = [parent.id for parent, _ in parents]
+    return ValidatedPlan(
+        nodes=[parent for parent, _ in parents] + [node],
+        edges=[Edge(source=parent.id, target=node.id, optional=optional) for parent, optional in parents],
+        layers=[ids, [node.id]] if ids else [[node.id]],
+        parents={**{p: [] for p in ids}, node.id: ids},
+        soft_edges=[(parent.id, node.id) for parent, optional in parents if optional],
+    )

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from airflow_plan_provider.exceptions import (
     ArtifactStoreError,
@@ -42,8 +42,10 @@ from airflow_plan_provider.plan.events import EventSource, make_event, outcome_e
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, now, summarize
 from airflow_plan_provider.plan.session import LockedOutput, RunContext
-from airflow_plan_provider.tools.jobs import JobOutcome
 from airflow_plan_provider.tools.registry import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from airflow_plan_provider.tools.jobs import JobOutcome
 
 # what a checkpoint gives back to a node's record (the rest describes the current try)
 CHECKPOINT_FIELDS = ("output", "artifact", "output_summary", "replan_requested", "error", "polling")

@@ -15,13 +15,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.plan.model import Plan
-from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.tools.jobs import JobStatus
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
+
+if TYPE_CHECKING:  # the planners are not imported by a DAG file that only logs its tools' calls
+    from airflow_plan_provider.planners.base import PlanRequest
 
 
 class CallLog:
@@ -199,7 +201,7 @@ def scripted_registry(*tools: ScriptedTool) -> ToolRegistry:
     return ToolRegistry([t.as_tool() for t in tools])
 
 
-PlanSource = Plan | Mapping[str, Any] | str | None | Callable[[PlanRequest], Any]
+PlanSource = Plan | Mapping[str, Any] | str | None | Callable[["PlanRequest"], Any]
 
 
 class ScriptedPlanner:

@@ -499,8 +499,8 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
     )
 
     run = RunContext(root_run_id="root", execution_order=plan.run_order)
-    [brief] = [b for b in node_briefs(plan, run, NODES_TASK) if b["node_id"] == "b"]
-    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node=brief, artifact_store=base)
+    [brief] = [b for group in node_briefs(plan, run).values() for b in group if b["node"]["id"] == "b"]
+    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node="b · use", artifact_store=base)
 
     def waiting_child(run_id: str) -> NodeRun:
         ti = SimpleNamespace(dag_id="d", run_id=run_id, task=None, try_number=1)
@@ -519,6 +519,6 @@ def test_a_waiting_node_takes_a_parents_checkpoint_as_its_result_only_when_saved
     assert operator._checkpoints_of_this_run(waiting_child("r1"), ["a"]) == {}
     (tmp_path / "not_a_folder").write_text("")  # a store that cannot be read: nothing picked, no error
     unreadable = PlanNodeOperator(
-        task_id="n", plan_node=brief, artifact_store=f"file://{tmp_path}/not_a_folder"
+        task_id="n", plan_node="b · use", artifact_store=f"file://{tmp_path}/not_a_folder"
     )
     assert unreadable._checkpoints_of_this_run(waiting_child("r1"), ["a"]) == {}

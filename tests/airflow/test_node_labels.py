@@ -1,4 +1,4 @@
-"""Each node instance's label (its rendered map index, ``id · action``) is in the brief its node task maps
+"""Each node instance's label (its rendered map index, ``id · action``) is the value its node task maps
 over, so the label Airflow sets when the instance starts is already its last; the action is shown as
 written, never rendered as a template (it is the planner's text), and so are the params."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_plan_provider import NodeExecution
-from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK
+from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, briefs_key
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import _task_instances, run_plan_dag
 from tests.airflow.support import xcom
@@ -42,12 +42,12 @@ def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(
     run = run_plan_dag(dag, {"goal": "label", "plan": PLAN})
     assert str(run.state) == "success" and log.count("emit") == 2
     labels = ["a · sum {{ 7 * 7 }} and {% raw %}", "b · second, after a"]  # run order: a parent first
-    briefs = xcom(run, PLAN_TASK)
-    assert [brief["label"] for brief in briefs] == labels
-    assert [brief["node_id"] for brief in briefs] == ["a", "b"]
-    # b's brief: b and its parent a, where a's instance is; nothing of the rest of the plan
-    assert [node["id"] for node in briefs[1]["plan"]["nodes"]] == ["b", "a"]
-    assert briefs[1]["at"] == {"a": [NODES_TASK, 0], "b": [NODES_TASK, 1]}
+    assert xcom(run, PLAN_TASK) == labels
+    briefs = xcom(run, PLAN_TASK, key=briefs_key(NODES_TASK, 0))  # the one group of node briefs
+    assert [brief["node"]["id"] for brief in briefs] == ["a", "b"]
+    # b's brief: b, its parent a (what keys a's output) and where a's instance is; nothing else
+    assert briefs[1]["parents"] == [{"id": "a", "tool": "emit", "params": {"value": 1}}]
+    assert briefs[1]["at"] == {NODES_TASK: {"a": 0, "b": 1}}
     shown = {
         ti.map_index: ti.rendered_map_index
         for ti in _task_instances(run.dag_id, run.run_id)

@@ -37,7 +37,11 @@ def test_a_waiting_node_steps_aside_only_while_its_tasks_cap_has_room(
     )
     order = plan.run_order
     run = RunContext(execution_order=order)
-    briefs = {b["node_id"]: NodeBrief.model_validate(b) for b in node_briefs(plan, run, NODES_TASK)}
+    briefs = {
+        b["node"]["id"]: NodeBrief.model_validate(b)
+        for group in node_briefs(plan, run).values()
+        for b in group
+    }
     state = {"r": "running", "x": "success", "y": "queued", "a": "running", "z": "scheduled", "b": "running"}
     states = {f"{NODES_TASK}_{index}": state[node] for index, node in enumerate(order)}
 
@@ -75,7 +79,11 @@ def test_a_waiting_node_reads_the_whole_plan_only_when_the_policy_looks_beyond_i
         }
     )
     run = RunContext(execution_order=plan.run_order)
-    briefs = {b["node_id"]: NodeBrief.model_validate(b) for b in node_briefs(plan, run, NODES_TASK)}
+    briefs = {
+        b["node"]["id"]: NodeBrief.model_validate(b)
+        for group in node_briefs(plan, run).values()
+        for b in group
+    }
     index = {node: i for i, node in enumerate(plan.run_order)}
 
     def moves(node: str, state: dict[str, str], policy: WaitingPolicy, reads: int = 3) -> tuple[Wait, int]:

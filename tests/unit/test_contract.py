@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_plan_provider import contract
@@ -147,3 +149,74 @@ def test_a_run_reports_its_own_result_or_its_chains(
 ) -> None:
     outcome = session_outcome(returned.get)
     assert (outcome.status if outcome else None) == expected
+
+
+def wide_plan(layers: int, width: int = 5) -> dict[str, Any]:
+    """``layers`` layers of ``width`` nodes; each node after the first layer has the node above it as a
+    hard parent and the next one of that layer as an optional parent, and passes the first one's output."""
+    ids = [[f"n{layer}_{i}" for i in range(width)] for layer in range(layers)]
+    nodes, edges = [], []
+    for layer, row in enumerate(ids):
+        for i, node in enumerate(row):
+            params: dict[str, Any] = {"i": i}
+            if layer:
+                above, beside = ids[layer - 1][i], ids[layer - 1][(i + 1) % width]
+                params["x"] = "${" + above + ".v}"
+                edges += [{"from": above, "to": node}, {"from": beside, "to": node, "optional": True}]
+            nodes.append(
+                {"id": node, "action": f"step {node}", "tool": "api" if i == 0 else "t", "params": params}
+            )
+    return {"nodes": nodes, "edges": edges}
+
+
+def test_a_node_brief_holds_the_node_its_parents_and_where_they_run_whatever_the_plans_size() -> None:
+    """What a node task reads to start: what its step needs (as ``ValidatedPlan.around`` gives it), its
+    place in the step budget's order, where its parents' and grandparents' instances are (across pool
+    lanes), and nothing that grows with the rest of the plan."""
+    import json
+
+    from airflow_plan_provider.contract import (
+        BRIEFS_PER_XCOM,
+        NODES_TASK,
+        NodeBrief,
+        briefs_key,
+        node_briefs,
+        node_tasks,
+    )
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import Limits, validate_plan
+
+    def briefs(layers: int) -> tuple[Any, RunContext, dict[str, NodeBrief], dict[str, int]]:
+        plan = validate_plan(wide_plan(layers), limits=Limits(max_nodes=1000))
+        lanes = {n.id: "api" for n in plan.nodes if n.tool == "api"}
+        run = RunContext(root_run_id="r", revision=1, lanes=lanes, execution_order=plan.run_order[1:])
+        run.reused = plan.run_order[:1]
+        found, sizes = {}, {}
+        for key, group in node_briefs(plan, run).items():
+            assert len(group) <= BRIEFS_PER_XCOM
+            for value in group:
+                brief = NodeBrief.model_validate(json.loads(json.dumps(value)))
+                task, index = brief.location(brief.node_id)
+                assert key == briefs_key(task, index) and group[index % BRIEFS_PER_XCOM] is value
+                found[brief.node_id], sizes[brief.node_id] = brief, len(json.dumps(value))
+        return plan, run, found, sizes
+
+    plan, run, found, sizes = briefs(4)
+    assert set(found) == set(plan.node_ids)
+    where = {n: (t, i) for t, nodes in node_tasks(plan, run).items() for i, n in enumerate(nodes)}
+    for node_id, brief in found.items():
+        whole = plan.around(node_id)
+        assert brief.label == f"{node_id} · step {node_id}"
+        assert brief.plan.node(node_id) == plan.node(node_id)
+        assert brief.plan.parents == whole.parents and brief.plan.soft_edges == whole.soft_edges
+        assert [(n.id, n.tool, n.params) for n in brief.plan.nodes] == [
+            (n.id, n.tool, n.params) for n in whole.nodes
+        ]
+        assert brief.position == run.position(node_id)
+        assert brief.run.reused == ([node_id] if node_id in run.reused else [])
+        near = {node_id, *plan.parents[node_id], *(g for p in plan.parents[node_id] for g in plan.parents[p])}
+        assert {n: brief.location(n) for n in near} == {n: where[n] for n in near}
+        assert {n for indexes in brief.at.values() for n in indexes} == near
+    assert found["n2_0"].at.keys() == {"nodes__api", NODES_TASK}  # n2_0 and n1_0 in the lane, n1_1 not
+    *_, large = briefs(150)  # 750 nodes: a node's brief is the same size, but for the plan size's digits
+    assert all(large[n] - sizes[n] <= 1 for n in sizes)
