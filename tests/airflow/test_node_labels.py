@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,29 @@ def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(
         rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id)
         rendered = {row.map_index: row.rendered_fields for row in rows if row.task_id == NODES_TASK}
     assert rendered[1] == {"resolved_params": {"value": 2, "note": "{{ 6 * 7 }}"}}
+
+
+def test_a_node_reads_its_label_and_its_group_of_briefs_not_the_plan(tmp_path: Path, monkeypatch) -> None:
+    """What a node reads to start does not grow with the plan beyond its label: no plan, no run
+    context. Every XCom read of each node instance (``xcom_pull``: Airflow's own read of the mapped
+    value, and the node's), in order; a parent's record comes as one sequence slice besides."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    from airflow_plan_provider.dag_factory import build_plan_dag
+
+    reads: dict[int, list[tuple[str, str]]] = {}
+    pull = RuntimeTaskInstance.xcom_pull
+
+    def counted(self: Any, task_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if self.task_id == NODES_TASK:
+            key = kwargs.get("key", args[1] if len(args) > 1 else "return_value")
+            reads.setdefault(self.map_index, []).append((task_ids, key))
+        return pull(self, task_ids, *args, **kwargs)
+
+    monkeypatch.setattr(RuntimeTaskInstance, "xcom_pull", counted)
+    log = CallLog(tmp_path)
+    tools = scripted_registry(ScriptedTool("emit", log=log, returns=lambda params: params["value"]))
+    run = run_plan_dag(build_plan_dag("node_reads", planner=None, tools=tools), {"goal": "r", "plan": PLAN})
+    assert str(run.state) == "success"
+    labels, briefs = (PLAN_TASK, "return_value"), (PLAN_TASK, briefs_key(NODES_TASK, 0))
+    assert reads == {0: [labels, briefs], 1: [labels, briefs]}
