@@ -972,6 +972,23 @@ class AirflowCluster:
             f"task instances: {tis}"
         )
 
+    def failure_report(self, dag_id: str, run_id: str, *, lines: int = 25) -> str:
+        """Why a run did not succeed, for a test's failure message: its task instances that did not
+        succeed, with their state and the last ``lines`` lines of each one's last try's log (a
+        cluster's home, logs included, is gone once the test ends). Never raises."""
+        try:
+            report = [f"run {dag_id}/{run_id}:"]
+            for ti in self.task_instances(dag_id, run_id):
+                if ti["state"] in ("success", "skipped"):
+                    continue
+                tries = int(ti.get("try_number") or 1)
+                report.append(f"- {ti['task_id']}[{ti['map_index']}] {ti['state']} (try {tries})")
+                log = self.task_log(dag_id, run_id, ti["task_id"], max(tries, 1), ti["map_index"])
+                report += [f"    {line}" for line in log.splitlines()[-lines:]]
+            return "\n".join(report)
+        except Exception as exc:  # a report must never hide the failure it explains
+            return f"run {dag_id}/{run_id}: no report ({exc!r})"
+
     def list_runs(self, dag_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
         runs = self.api("GET", f"/dags/{self._q(dag_id)}/dagRuns", params={"limit": limit})["dag_runs"]
         return cast(list[dict[str, Any]], runs)
