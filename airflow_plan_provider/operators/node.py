@@ -69,7 +69,8 @@ class NodeRun:
 
     @property
     def plan(self) -> ValidatedPlan:
-        """The node and its parents (:meth:`~airflow_plan_provider.plan.model.ValidatedPlan.around`)."""
+        """The node and its parents as a plan of their own (:attr:`NodeBrief.plan
+        <airflow_plan_provider.contract.NodeBrief.plan>`)."""
         return self.brief.plan
 
     @property
