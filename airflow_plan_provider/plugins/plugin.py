@@ -1,6 +1,8 @@
 """The Airflow plugin of the plan view: a "Plan" tab on every DAG run's page, served by the API server.
 
-The plugin also gives the run type of a replan run a label in the UI (:mod:`.run_type_label`).
+The plugin also gives the run type of a replan run a label in the UI (:mod:`.run_type_label`), and in a
+scheduler whose LocalExecutor forks the task processes it imports what a plan DAG's tasks need, once,
+before any task starts (:mod:`.preload`).
 
 The tab is an external view (``destination: "dag_run"``): the UI shows the plan view of the run in a
 frame, with ``{DAG_ID}`` and ``{RUN_ID}`` filled in. The FastAPI app behind it is built only when the API
@@ -37,6 +39,14 @@ class PlanViewPlugin(AirflowPlugin):
     """The plan view: the plan graph of a run by layers, its revisions and diffs, and each node's record."""
 
     name = "plan_view"
+
+    @classmethod
+    def on_load(cls, *args: Any, **kwargs: Any) -> None:
+        """In a scheduler whose LocalExecutor forks the task processes, import what they need
+        (:mod:`.preload`)."""
+        from airflow_plan_provider.plugins.preload import preload_for_task_processes
+
+        preload_for_task_processes()
 
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]

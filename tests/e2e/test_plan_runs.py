@@ -45,6 +45,7 @@ DAG_IDS = (
     "e2e_pool_three",
     "e2e_transient",
     "e2e_team_triage",
+    "e2e_preloaded",
 )
 RUN_TIMEOUT = 180.0
 
@@ -258,3 +259,16 @@ def test_a_plan_group_runs_between_the_teams_own_tasks(env: Env) -> None:
     published = cluster.xcom(dag_id, run_id, "publish")
     assert published == {"status": "completed", "goal": "why is payments slow?", "outputs": result.outputs}
     assert {n: env.log(dag_id).count(node=n) for n in "123456"} == dict.fromkeys("123456", 1)
+
+
+def test_a_node_task_starts_with_the_provider_the_scheduler_imported(env: Env) -> None:
+    """With the LocalExecutor a task process is a fork of a worker the scheduler forked: the provider's
+    modules and validators the scheduler imported and built when it loaded the plugin are there before
+    the task parses its DAG file (plugins/preload.py)."""
+    cluster, dag_id = env.cluster, "e2e_preloaded"
+    run_id, state = run_to_end(cluster, dag_id, {})
+    assert state == "success", cluster.diagnostics()
+    record = cluster.xcom(dag_id, run_id, NODES_TASK, key=NODE_KEY, map_index=0)
+    where = record["output"]
+    assert where["preloaded_by"] == cluster.pids["scheduler"], where
+    assert where["pid"] != where["preloaded_by"]

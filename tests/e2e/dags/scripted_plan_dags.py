@@ -17,6 +17,7 @@ from airflow.sdk import DAG, task
 
 from airflow_plan_provider import NodeExecution, build_plan_dag, plan_task_group
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+from airflow_plan_provider.tools.registry import ToolRegistry
 from harness.seed import seed_plan, seed_revision, seed_tools
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
@@ -124,3 +125,25 @@ with DAG("e2e_team_triage", schedule=None, tags=["e2e"]) as e2e_team_triage:
     )
     extract() >> triage
     publish(triage.result)
+
+# One node whose tool reports its task process and the process that imported the provider for it
+# (the scheduler, when its LocalExecutor forks the task processes: plugins/preload.py).
+where_registry = ToolRegistry()
+
+
+@where_registry.tool(description="name this task process and the process that preloaded the provider")
+def where() -> dict[str, Any]:
+    from airflow_plan_provider.plugins import preload
+
+    return {"pid": os.getpid(), "preloaded_by": preload.preloaded_by}
+
+
+e2e_preloaded = build_plan_dag(
+    "e2e_preloaded",
+    planner=ScriptedPlanner(
+        {"goal": "say where", "nodes": [{"id": "1", "action": "say where", "tool": "where"}], "edges": []}
+    ),
+    tools=where_registry,
+    execution=NodeExecution(**NODES),
+    **COMMON,
+)

@@ -1,0 +1,125 @@
+"""The plugin imports what a plan DAG's tasks need in a scheduler whose LocalExecutor forks the task
+processes, and nowhere else (plugins/preload.py). Each case runs in a fresh interpreter, so what it
+finds in ``sys.modules`` is what loading the plugin imported. tests/e2e/test_plan_runs.py checks, in a
+real cluster, that a node's task process has the scheduler's imports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider.plugins import preload
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    {before}
+    from airflow_plan_provider.plugins.plugin import PlanViewPlugin
+    from airflow_plan_provider.plugins import preload
+
+    {load}
+    from airflow_plan_provider.plan.base_model import Model
+
+    def complete(name):
+        module, _, cls = name.rpartition(".")
+        return getattr(sys.modules[module], cls).__pydantic_complete__ if module in sys.modules else None
+
+    print(json.dumps({{
+        "pid": os.getpid(),
+        "preloaded_by": preload.preloaded_by,
+        "modules": sorted(m for m in sys.modules if m.startswith("airflow_plan_provider")),
+        "node record built": complete("airflow_plan_provider.plan.result.NodeRecord"),
+        "brief built": complete("airflow_plan_provider.contract.NodeBrief"),
+    }}))
+    """
+)
+
+
+def probe(executor: str, before: str, load: str = "PlanViewPlugin.on_load()") -> dict[str, Any]:
+    env = os.environ | {"AIRFLOW__CORE__EXECUTOR": executor}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(before=before, load=load)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+SCHEDULER = "import airflow.jobs.scheduler_job_runner"
+
+
+def test_a_scheduler_with_the_local_executor_imports_the_task_modules_and_builds_the_validators() -> None:
+    found = probe("LocalExecutor", SCHEDULER)
+    assert found["preloaded_by"] == found["pid"]
+    assert set(preload.TASK_MODULES) <= set(found["modules"])
+    assert "airflow_plan_provider.operators.replan" in found["modules"]  # through the DAG factory
+    assert found["node record built"] is True and found["brief built"] is True
+
+
+def test_the_local_executor_named_by_its_path_or_among_several_counts() -> None:
+    executors = "CeleryExecutor,airflow.executors.local_executor.LocalExecutor"
+    assert probe(executors, SCHEDULER)["preloaded_by"] is not None
+
+
+def test_a_scheduler_whose_executor_starts_tasks_elsewhere_imports_nothing_more() -> None:
+    found = probe("CeleryExecutor", SCHEDULER)
+    assert found["preloaded_by"] is None
+    assert "airflow_plan_provider.dag_factory" not in found["modules"]
+    assert "airflow_plan_provider.operators.node" not in found["modules"]
+
+
+def test_a_task_process_of_another_dag_loading_plugins_imports_nothing_more() -> None:
+    """A task process loads the plugins (for macros) as Airflow's task runner does; without the
+    scheduler in it (a Celery worker's or a pod's task) the plugin imports nothing of the provider's
+    tasks."""
+    load = textwrap.dedent(
+        """
+        from airflow.sdk.plugins_manager import _get_plugins, integrate_macros_plugins
+        integrate_macros_plugins()
+        assert any(p.name == "plan_view" for p in _get_plugins()[0]), "the plugin was not loaded"
+        """
+    )
+    found = probe("LocalExecutor", "", load=load)
+    assert found["preloaded_by"] is None
+    assert "airflow_plan_provider.dag_factory" not in found["modules"]
+    assert "airflow_plan_provider.operators.node" not in found["modules"]
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_failed_preload_is_logged_and_leaves_the_plugin_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_plan_provider.plugins.plugin import PlanViewPlugin
+
+    records = Records()
+    logger = logging.getLogger("test_preload")
+    logger.addHandler(records)
+    monkeypatch.setattr(preload, "log", logger)
+    monkeypatch.setattr(preload, "preloaded_by", None)
+    monkeypatch.setattr(preload, "forks_task_processes", lambda: True)
+    monkeypatch.setattr(preload, "TASK_MODULES", ("airflow_plan_provider.no_such_module",))
+    try:
+        PlanViewPlugin.on_load()  # does not raise: Airflow would drop a plugin whose on_load raised
+    finally:
+        logger.removeHandler(records)
+    assert preload.preloaded_by is None
+    [warning] = records.records
+    assert warning.levelno == logging.WARNING
+    assert "could not import the plan provider ahead of its tasks" in warning.getMessage()
+    assert warning.exc_info is not None and "no_such_module" in str(warning.exc_info[1])
