@@ -60,6 +60,7 @@ from typing import Any, cast
 
 from airflow_plan_provider.contract import RESULT_KEY, labelled_node, session_outcome
 from airflow_plan_provider.plan.result import SessionResult
+from harness.deploy import celery_imports
 from harness.processes import family, pid_alive, signal_all, terminate_group
 from harness.sqlite import API_TIMEOUT, MAX_OVERFLOW, locked, migrate_or_copy_template
 
@@ -460,7 +461,7 @@ class AirflowCluster:
                 "AIRFLOW__CELERY__RESULT_BACKEND": self.result_backend,
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": self.queue,
-            }
+            } | celery_imports()
         base.update(cfg)
         base.update({k: str(v) for k, v in extra.items()})
         base["PYTHONPATH"] = python_path(base.get("PYTHONPATH"))

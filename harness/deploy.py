@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -26,3 +27,12 @@ def fault_settings(compose_file: Path = COMPOSE_FILE) -> dict[str, str]:
     """:data:`FAULT_SETTINGS` as ``docker-compose.yml`` sets them for every Airflow component."""
     environment = yaml.safe_load(compose_file.read_text())["x-airflow-common"]["environment"]
     return {key: str(environment[key]) for key in FAULT_SETTINGS}
+
+
+def celery_imports(compose_file: Path = COMPOSE_FILE) -> dict[str, str]:
+    """The Celery setting every Celery cluster gets: ``imports`` as ``docker-compose.yml``'s
+    ``[celery] extra_celery_config`` lists them (a worker imports the provider's task modules before it
+    forks its pool), without that file's fault settings."""
+    environment = yaml.safe_load(compose_file.read_text())["x-airflow-common"]["environment"]
+    extra = json.loads(environment["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
+    return {"AIRFLOW__CELERY__EXTRA_CELERY_CONFIG": json.dumps({"imports": extra["imports"]})}

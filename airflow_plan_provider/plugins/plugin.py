@@ -2,7 +2,7 @@
 
 The plugin also gives the run type of a replan run a label in the UI (:mod:`.run_type_label`), and in a
 scheduler whose LocalExecutor forks the task processes it imports what a plan DAG's tasks need, once,
-before any task starts (:mod:`.preload`).
+before any task starts (:mod:`airflow_plan_provider.preload`).
 
 The tab is an external view (``destination: "dag_run"``): the UI shows the plan view of the run in a
 frame, with ``{DAG_ID}`` and ``{RUN_ID}`` filled in. The FastAPI app behind it is built only when the API
@@ -43,8 +43,8 @@ class PlanViewPlugin(AirflowPlugin):
     @classmethod
     def on_load(cls, *args: Any, **kwargs: Any) -> None:
         """In a scheduler whose LocalExecutor forks the task processes, import what they need
-        (:mod:`.preload`)."""
-        from airflow_plan_provider.plugins.preload import preload_for_task_processes
+        (:mod:`airflow_plan_provider.preload`)."""
+        from airflow_plan_provider.preload import preload_for_task_processes
 
         preload_for_task_processes()
 

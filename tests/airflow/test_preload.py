@@ -1,7 +1,9 @@
 """The plugin imports what a plan DAG's tasks need in a scheduler whose LocalExecutor forks the task
-processes, and nowhere else (plugins/preload.py). Each case runs in a fresh interpreter, so what it
-finds in ``sys.modules`` is what loading the plugin imported. tests/e2e/test_plan_runs.py checks, in a
-real cluster, that a node's task process has the scheduler's imports."""
+processes, and nowhere else; a Celery worker does when Celery's ``imports`` name
+``airflow_plan_provider.celery_imports`` (airflow_plan_provider/preload.py). Each case runs in a fresh
+interpreter, so what it finds in ``sys.modules`` is what loading the plugin imported.
+tests/e2e/test_plan_runs.py checks, in a real cluster, that a node's task process has the scheduler's
+imports; tests/e2e/test_celery.py that each Celery worker imported them."""
 
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.plugins import preload
+from airflow_plan_provider import preload
 
 PROBE = textwrap.dedent(
     """
     import json, os, sys
     {before}
     from airflow_plan_provider.plugins.plugin import PlanViewPlugin
-    from airflow_plan_provider.plugins import preload
+    from airflow_plan_provider import preload
 
     {load}
     from airflow_plan_provider.plan.base_model import Model
@@ -102,6 +104,22 @@ class Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def test_a_celery_worker_importing_the_module_celery_imports_names_preloads() -> None:
+    found = probe("CeleryExecutor", "", load="import airflow_plan_provider.celery_imports")
+    assert found["preloaded_by"] == found["pid"]
+    assert set(preload.TASK_MODULES) <= set(found["modules"])
+    assert found["node record built"] is True
+
+
+def test_docker_compose_and_every_celery_cluster_of_the_tests_name_it_in_celerys_imports() -> None:
+    from harness.deploy import celery_imports, fault_settings
+
+    imports = json.loads(celery_imports()["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])["imports"]
+    assert imports == ["airflow_plan_provider.celery_imports"]
+    compose = json.loads(fault_settings()["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
+    assert compose["imports"] == imports and "task_publish_retry_policy" in compose
 
 
 def test_a_failed_preload_is_logged_and_leaves_the_plugin_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,6 +89,13 @@ def test_seed_session_runs_on_both_celery_workers(celery: tuple[AirflowCluster, 
         if record.hostname and key in node_hosts and not record.reused:
             assert record.hostname == node_hosts[key], record
 
+    # Each worker imported the provider's task modules once, before forking its pool (Celery's
+    # ``imports`` as docker-compose.yml sets them), so its task processes started with them
+    # (airflow_plan_provider/preload.py).
+    for worker in CELERY_WORKERS:
+        log = (cluster.log_dir / f"{worker}.log").read_text()
+        assert "for the task processes this Celery worker starts" in log, worker
+
     # Nothing logged at error level in a normal session: no task log, no component log (workers included).
     assert error_lines(cluster.log_dir) == []
 

@@ -264,7 +264,7 @@ def test_a_plan_group_runs_between_the_teams_own_tasks(env: Env) -> None:
 def test_a_node_task_starts_with_the_provider_the_scheduler_imported(env: Env) -> None:
     """With the LocalExecutor a task process is a fork of a worker the scheduler forked: the provider's
     modules and validators the scheduler imported and built when it loaded the plugin are there before
-    the task parses its DAG file (plugins/preload.py)."""
+    the task parses its DAG file (airflow_plan_provider/preload.py)."""
     cluster, dag_id = env.cluster, "e2e_preloaded"
     run_id, state = run_to_end(cluster, dag_id, {})
     assert state == "success", cluster.diagnostics()

@@ -127,13 +127,13 @@ with DAG("e2e_team_triage", schedule=None, tags=["e2e"]) as e2e_team_triage:
     publish(triage.result)
 
 # One node whose tool reports its task process and the process that imported the provider for it
-# (the scheduler, when its LocalExecutor forks the task processes: plugins/preload.py).
+# (the scheduler, when its LocalExecutor forks the task processes: airflow_plan_provider/preload.py).
 where_registry = ToolRegistry()
 
 
 @where_registry.tool(description="name this task process and the process that preloaded the provider")
 def where() -> dict[str, Any]:
-    from airflow_plan_provider.plugins import preload
+    from airflow_plan_provider import preload
 
     return {"pid": os.getpid(), "preloaded_by": preload.preloaded_by}
 

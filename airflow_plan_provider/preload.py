@@ -1,19 +1,26 @@
-"""What a plan DAG's task process needs, imported once in the scheduler, so that the task processes its
-LocalExecutor starts have it already.
+"""What a plan DAG's task process needs, imported once in the long-lived process its task processes are
+forked from, so that each of them has it already.
 
 Every task process parses its DAG file before it runs its task. For a plan DAG that parse imports the
-provider (about 45 modules and their classes), and the task then builds the validators of the models
+provider (about 60 modules and their classes), and the task then builds the validators of the models
 it reads and writes: about 60 ms of CPU per node task, where a static task's parse costs a third of
-that. With the LocalExecutor a task process is a fork of a worker process the scheduler forked (Airflow
-freezes the garbage collector around that fork so the memory stays shared), so what the scheduler
-imported before starting its workers is already in every task process. Airflow's DAG processor does
-the same for the modules its DAG files import (``[dag_processor] parsing_pre_import_modules``).
+that. A task process is a fork: of a worker process the scheduler forked (LocalExecutor), or of a
+Celery worker's pool process, itself forked from the worker. What the process at the root of those
+forks imported is therefore already in every task process, shared copy-on-write (Airflow freezes the
+garbage collector around these forks so that the memory stays shared). Airflow does the same for its
+own modules: the Celery worker imports the standard operators before forking its pool, and the DAG
+processor the modules its DAG files import (``[dag_processor] parsing_pre_import_modules``).
 
-The plugin (:class:`~.plugin.PlanViewPlugin`) calls :func:`preload_for_task_processes` when Airflow
-loads it. It imports only in a scheduler whose executors include the LocalExecutor: other executors
-start their task processes elsewhere (a Celery worker, a pod), and a task process of another DAG must
-not import the provider for nothing. A failure is logged and changes nothing else: the task
-processes then import what they need themselves.
+Two ways in, one import (:func:`import_task_modules`):
+
+- the plugin (:class:`~airflow_plan_provider.plugins.plugin.PlanViewPlugin`) calls
+  :func:`preload_for_task_processes` when Airflow loads it. It imports only in a scheduler whose executors
+  include the LocalExecutor: other executors start their task processes elsewhere, and a task process
+  of another DAG, which loads the plugins too, must not import the provider for nothing;
+- a Celery worker imports :mod:`airflow_plan_provider.celery_imports` when Celery's ``imports`` setting
+  lists it (``[celery] extra_celery_config``, as docker-compose.yml sets it), before it forks its pool.
+
+A failure is logged and changes nothing else: the task processes then import what they need themselves.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ TASK_MODULES = (
 #: The scheduler's module; a process that has it is the scheduler or a process it forked.
 SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
 
-#: The process that preloaded (its pid), inherited by the processes it forks; None until then.
+#: The process that imported :data:`TASK_MODULES` (its pid), inherited by the processes it forks;
+#: None until then.
 preloaded_by: int | None = None
 
 
@@ -53,14 +61,22 @@ def forks_task_processes() -> bool:
 
 
 def preload_for_task_processes() -> None:
-    """Import :data:`TASK_MODULES` and build every model's validator, once, in a scheduler that forks
-    its task processes (:func:`forks_task_processes`); nothing elsewhere. Never raises."""
+    """:func:`import_task_modules` in a scheduler that forks its task processes
+    (:func:`forks_task_processes`); nothing elsewhere. Never raises."""
+    try:
+        if forks_task_processes():
+            import_task_modules("the task processes this scheduler forks")
+    except Exception:
+        log.warning("could not tell whether this process starts task processes", exc_info=True)
+
+
+def import_task_modules(for_whom: str) -> None:
+    """Import :data:`TASK_MODULES` and build every model's validator, once per process tree (a process
+    forked after it inherits :data:`preloaded_by` and returns at once). Never raises."""
     global preloaded_by
     if preloaded_by is not None:
         return
     try:
-        if not forks_task_processes():
-            return
         started = time.process_time()
         before = len(sys.modules)
         for name in TASK_MODULES:
@@ -68,10 +84,10 @@ def preload_for_task_processes() -> None:
         models = build_validators()
         preloaded_by = os.getpid()
         log.info(
-            "imported %d modules and built %d validators for the task processes this scheduler forks "
-            "(%.0f ms of CPU)",
+            "imported %d modules and built %d validators for %s (%.0f ms of CPU)",
             len(sys.modules) - before,
             models,
+            for_whom,
             (time.process_time() - started) * 1000,
         )
     except Exception:
