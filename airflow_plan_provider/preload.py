@@ -42,9 +42,9 @@ TASK_MODULES = (
     "airflow_plan_provider.triggers.payloads",
     "airflow_plan_provider.tools.jobs",
 )
-#: The scheduler's module. The scheduler and the processes it forks have it; so does the API server,
-#: whose views import it: with the LocalExecutor configured the API server preloads too, once, for
-#: nothing (about 60 ms of CPU and 3 MB), which a narrower test of the process is not worth.
+#: The scheduler's module. The scheduler and the processes it forks have it when they load the plugins.
+#: Another process that imported it before loading them would preload too, once, for nothing (about
+#: 60 ms of CPU and 3 MB): the API server imports it, but after its plugins (its log has no preload line).
 SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
 
 #: The process that imported :data:`TASK_MODULES` (its pid), inherited by the processes it forks;
