@@ -23,9 +23,14 @@ FAULT_SETTINGS = (
 )
 
 
+def compose_environment(compose_file: Path = COMPOSE_FILE) -> dict[str, str]:
+    """The environment ``docker-compose.yml`` gives every Airflow component."""
+    return dict(yaml.safe_load(compose_file.read_text())["x-airflow-common"]["environment"])
+
+
 def fault_settings(compose_file: Path = COMPOSE_FILE) -> dict[str, str]:
     """:data:`FAULT_SETTINGS` as ``docker-compose.yml`` sets them for every Airflow component."""
-    environment = yaml.safe_load(compose_file.read_text())["x-airflow-common"]["environment"]
+    environment = compose_environment(compose_file)
     return {key: str(environment[key]) for key in FAULT_SETTINGS}
 
 
@@ -33,6 +38,5 @@ def celery_imports(compose_file: Path = COMPOSE_FILE) -> dict[str, str]:
     """The Celery setting every Celery cluster gets: ``imports`` as ``docker-compose.yml``'s
     ``[celery] extra_celery_config`` lists them (a worker imports the provider's task modules before it
     forks its pool), without that file's fault settings."""
-    environment = yaml.safe_load(compose_file.read_text())["x-airflow-common"]["environment"]
-    extra = json.loads(environment["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
+    extra = json.loads(compose_environment(compose_file)["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
     return {"AIRFLOW__CELERY__EXTRA_CELERY_CONFIG": json.dumps({"imports": extra["imports"]})}

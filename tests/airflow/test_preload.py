@@ -97,15 +97,6 @@ def test_a_task_process_of_another_dag_loading_plugins_imports_nothing_more() ->
     assert "airflow_plan_provider.operators.node" not in found["modules"]
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_a_celery_worker_importing_the_module_celery_imports_names_preloads() -> None:
     found = probe("CeleryExecutor", "", load="import airflow_plan_provider.celery_imports")
     assert found["preloaded_by"] == found["pid"]
@@ -120,6 +111,15 @@ def test_docker_compose_and_every_celery_cluster_of_the_tests_name_it_in_celerys
     assert imports == ["airflow_plan_provider.celery_imports"]
     compose = json.loads(fault_settings()["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
     assert compose["imports"] == imports and "task_publish_retry_policy" in compose
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def test_a_failed_preload_is_logged_and_leaves_the_plugin_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,9 +133,8 @@ def test_ten_concurrent_runs_on_sqlite_complete_while_the_database_is_locked(
         outcomes = {run_id: airflow.wait_for_run(dag_id, run_id, timeout=600) for run_id in run_ids}
     failed = [run_id for run_id, outcome in outcomes.items() if outcome != "success"]
     assert not failed, "\n".join(airflow.failure_report(dag_id, run_id) for run_id in failed)
-    assert (
-        len(outcomes) == 10 and len(waits) == 3
-    )  # the lock was held three times, each while runs were going
+    # ten runs, and the lock was held three times, each while runs were going
+    assert len(outcomes) == 10 and len(waits) == 3
     for run_id in run_ids:
         result = airflow.session_result(dag_id, run_id)
         assert result is not None and result.status == "completed", result
