@@ -112,3 +112,66 @@ def test_a_waiting_node_reads_the_whole_plan_only_when_the_policy_looks_beyond_i
     assert moves("c", finished, WaitingPolicy()) == (Wait.READY, 0)
     assert moves("c", running, WaitingPolicy()) == (Wait.WAIT, 1)
     assert moves("c", running, WaitingPolicy(read_all_states_up_to=2)) == (Wait.WAIT, 0)
+
+
+def test_a_node_whose_parents_saved_their_results_starts_on_them_without_reading_states() -> None:
+    """The parents' checkpoints of this run are looked at before any read of the run's states: when
+    every parent saved one, the node is ready on those records and reads nothing from the API server;
+    when one has not, the node reads the states as before, keeping the records it picked up."""
+    from airflow_plan_provider.contract import NodeBrief, node_briefs
+    from airflow_plan_provider.operators.node_wait import SlotWait
+    from airflow_plan_provider.plan.decisions import NodeStatus
+    from airflow_plan_provider.plan.result import NodeRecord
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
+
+    plan = validate_plan(
+        {
+            "nodes": [{"id": n, "action": "work", "tool": "t"} for n in ("a", "b", "c")],
+            "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "c"}],
+        }
+    )
+    run = RunContext(execution_order=plan.run_order)
+    [brief] = [
+        NodeBrief.model_validate(b)
+        for group in node_briefs(plan, run).values()
+        for b in group
+        if b["node"]["id"] == "c"
+    ]
+    index = {node: i for i, node in enumerate(plan.run_order)}
+
+    def wait(saved: set[str], checkpoints: bool = True) -> tuple[Wait, set[str], list[list[str]], int]:
+        asked: list[list[str]] = []
+        reads: list[int] = []
+
+        def pick_up(node_ids: Any) -> dict[str, NodeRecord]:
+            asked.append(sorted(node_ids))
+            return {
+                n: NodeRecord(node_id=n, status=NodeStatus.SUCCESS, output=f"{n}'s") for n in node_ids if n in saved
+            }
+
+        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
+        waiting = SlotWait(
+            ti=ti,
+            brief=brief,
+            whole=lambda: (plan, run),
+            policy=WaitingPolicy(),
+            log=logging.getLogger("t"),
+            pick_up=pick_up,
+            checkpoints=checkpoints,
+        )
+
+        def read_states() -> dict[str, str]:
+            reads.append(1)
+            return {f"{NODES_TASK}_{index[n]}": "success" for n in ("a", "b")}
+
+        waiting._read_states = read_states  # type: ignore[method-assign]
+        move = waiting.wait()
+        return move.kind, set(waiting.picked), asked, len(reads)
+
+    assert wait({"a", "b"}) == (Wait.READY, {"a", "b"}, [["a", "b"]], 0)
+    # b saved none (it failed, was skipped, or saves no checkpoints): the states tell, a's record is kept
+    assert wait({"a"}) == (Wait.READY, {"a"}, [["a", "b"]], 1)
+    # a node task that keeps no checkpoints never looks for them
+    assert wait({"a", "b"}, checkpoints=False) == (Wait.READY, set(), [], 1)
