@@ -59,12 +59,29 @@ def api() -> Iterator[tuple[int, list[Answers]]]:
 LOCKED = (500, {"detail": {"reason": "Database error", "message": "database is locked"}})
 
 
+def listed(*runs: tuple[str, str]) -> tuple[int, dict[str, object]]:
+    """The runs list's answer (``GET /dags/{dag_id}/dagRuns``) holding runs ``(run id, state)``."""
+    return 200, {"dag_runs": [{"dag_run_id": r, "state": s} for r, s in runs], "total_entries": len(runs)}
+
+
 def test_a_wait_polls_through_server_errors_to_the_runs_state(tmp_path, api) -> None:
     port, current = api
-    current.append(Answers(LOCKED, LOCKED, (200, {"state": "running"}), (200, {"state": "success"})))
+    current.append(Answers(LOCKED, LOCKED, listed(("r", "running")), listed(("r", "success"))))
     cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
     assert cluster.wait_for_run("d", "r", timeout=30, poll=0.01) == "success"
     assert current[0].asked == 4
+
+
+def test_a_run_is_read_from_the_runs_list_by_its_exact_id(tmp_path, api) -> None:
+    """The list is asked for the runs whose id starts with the run's; only the run itself answers."""
+    port, current = api
+    current.append(Answers(listed(("r_2", "success"), ("r", "running"))))
+    cluster = AirflowCluster(tmp_path, home=tmp_path / "home", port=port)
+    assert cluster.get_run("d", "r") == {"dag_run_id": "r", "state": "running"}
+    current[0] = Answers(listed(("r_2", "success")))
+    with pytest.raises(AirflowApiError, match="HTTP 404") as raised:
+        cluster.get_run("d", "r")
+    assert not raised.value.busy
 
 
 def test_a_wait_that_only_got_server_errors_says_so_when_it_runs_out(tmp_path, api) -> None:
