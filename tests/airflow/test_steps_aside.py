@@ -148,7 +148,9 @@ def test_a_node_whose_parents_saved_their_results_starts_on_them_without_reading
         def pick_up(node_ids: Any) -> dict[str, NodeRecord]:
             asked.append(sorted(node_ids))
             return {
-                n: NodeRecord(node_id=n, status=NodeStatus.SUCCESS, output=f"{n}'s") for n in node_ids if n in saved
+                n: NodeRecord(node_id=n, status=NodeStatus.SUCCESS, output=f"{n}'s")
+                for n in node_ids
+                if n in saved
             }
 
         ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
