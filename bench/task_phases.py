@@ -18,8 +18,10 @@ phase are read, and the medians and means over all task logs printed:
 
 Run::
 
-    AIRFLOW_E2E_KEEP_HOME=1 .venv/bin/python bench/concurrent_runs.py --db postgresql --celery-workers 2 --runs 10
-    .venv/bin/python bench/task_phases.py /tmp/airflow-e2e-XXXX bench_concurrent_plan bench_concurrent_static
+    AIRFLOW_E2E_KEEP_HOME=1 .venv/bin/python bench/concurrent_runs.py --db postgresql \
+        --celery-workers 2 --runs 10
+    .venv/bin/python bench/task_phases.py /tmp/airflow-e2e-XXXX \
+        bench_concurrent_plan bench_concurrent_static
 """
 
 from __future__ import annotations
@@ -103,9 +105,8 @@ def main() -> int:
         cells = []
         for dag_id in args.dag_ids:
             values = table[dag_id][phase]
-            cells.append(
-                f"{statistics.median(values):.3f} / {statistics.mean(values):.3f} ({len(values)})" if values else "-"
-            )
+            median, mean = (statistics.median(values), statistics.mean(values)) if values else (0, 0)
+            cells.append(f"{median:.3f} / {mean:.3f} ({len(values)})" if values else "-")
         print(f"  {phase:<34}" + "".join(f"{c:>30}" for c in cells))
     return 0
 
