@@ -82,6 +82,10 @@ def test_a_run_is_read_from_the_runs_list_by_its_exact_id(tmp_path, api) -> None
     with pytest.raises(AirflowApiError, match="HTTP 404") as raised:
         cluster.get_run("d", "r")
     assert not raised.value.busy
+    # a full page of other runs sharing the prefix: the one-run endpoint is asked
+    current[0] = Answers(listed(*[(f"r_{n}", "success") for n in range(100)]), (200, {"dag_run_id": "r"}))
+    assert cluster.get_run("d", "r") == {"dag_run_id": "r"}
+    assert current[0].asked == 2
 
 
 def test_a_wait_that_only_got_server_errors_says_so_when_it_runs_out(tmp_path, api) -> None:
