@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider import Limits, NodeExecution
+from airflow_plan_provider import ArtifactStore, Limits, NodeExecution
 from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK, PLAN_TASK
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag
@@ -140,11 +140,13 @@ def test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_re
     assert policy.evaluate(TransientToolError("timeout"), 1, 3).action is RetryAction.DEFAULT
 
 
-def test_a_node_reads_only_its_parents_records(tmp_path, monkeypatch):
-    """Node 5's four parents are the node task's first four instances: one request, a slice of four
-    records; node 6's one parent is instance 4: one request for its record alone, not a slice of the
-    five records before it (in a wide plan such slices made what a node reads grow with the plan);
-    finalize reads all six in one slice."""
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["without checkpoints", "with checkpoints"])
+def test_a_node_reads_only_its_parents_records(tmp_path, monkeypatch, checkpoints):
+    """Without checkpoints, node 5's four parents are the node task's first four instances: one
+    request, a slice of four records; node 6's one parent is instance 4: one request for its record
+    alone, not a slice of the five records before it (in a wide plan such slices made what a node reads
+    grow with the plan). With checkpoints, a node whose parents all saved theirs in this run starts on
+    those and reads no record from XCom. Finalize reads all six in one slice either way."""
     from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
 
     send = InProcessSupervisorComms.send
@@ -156,9 +158,11 @@ def test_a_node_reads_only_its_parents_records(tmp_path, monkeypatch):
         return send(self, msg)
 
     monkeypatch.setattr(InProcessSupervisorComms, "send", recording)
-    run = run_plan_dag(build("seed_reads", CallLog(tmp_path), plan_=seed_plan()))
+    artifacts = ArtifactStore(url=(tmp_path / "store").as_uri(), checkpoints=checkpoints)
+    run = run_plan_dag(build("seed_reads", CallLog(tmp_path), plan_=seed_plan(), artifacts=artifacts))
     assert str(run.state) == "success"
-    assert sorted(reads) == [("GetXCom", 4), ("GetXComSequenceSlice", 4), ("GetXComSequenceSlice", 6)]
+    by_nodes = [] if checkpoints else [("GetXCom", 4), ("GetXComSequenceSlice", 4)]
+    assert sorted(reads) == sorted([*by_nodes, ("GetXComSequenceSlice", 6)])
 
 
 def test_max_nodes_beyond_what_airflow_maps_in_one_task_is_refused(tmp_path):
