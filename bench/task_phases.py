@@ -94,6 +94,13 @@ def phases(home: Path, dag_id: str) -> dict[str, list[float]]:
     return durations
 
 
+def _cell(values: list[float]) -> str:
+    """``median / mean (count)`` of one phase's durations, or ``-`` when no log had both its marks."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3f} / {statistics.mean(values):.3f} ({len(values)})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("home", type=Path, help="the cluster's home a benchmark kept")
@@ -102,11 +109,7 @@ def main() -> int:
     table = {dag_id: phases(args.home, dag_id) for dag_id in args.dag_ids}
     print(f"{'phase (median / mean s, task logs)':<36}" + "".join(f"{d:>30}" for d in args.dag_ids))
     for phase in PHASES:
-        cells = []
-        for dag_id in args.dag_ids:
-            values = table[dag_id][phase]
-            median, mean = (statistics.median(values), statistics.mean(values)) if values else (0, 0)
-            cells.append(f"{median:.3f} / {mean:.3f} ({len(values)})" if values else "-")
+        cells = [_cell(table[dag_id][phase]) for dag_id in args.dag_ids]
         print(f"  {phase:<34}" + "".join(f"{c:>30}" for c in cells))
     return 0
 
