@@ -12,10 +12,11 @@ and each publishes these XComs (task → key: shape):
   :class:`~airflow_plan_provider.plan.session.SessionState`; ``run``:
   :class:`~airflow_plan_provider.plan.session.RunContext`; ``locked__<node>``:
   :class:`~airflow_plan_provider.plan.session.LockedOutput` (one per reused node); ``planning_error``:
-  :class:`PlanningErrorRecord` (when planning failed); ``briefs__<node task>__<n>``: a group of the node
-  tasks' :class:`NodeBrief` (:func:`briefs_key`); ``return_value``: the labels (``id · action``) of the
-  default lane's nodes, which its node task maps over.
-- ``select_nodes__<lane>`` → ``return_value``: the labels of the lane's nodes.
+  :class:`PlanningErrorRecord` (when planning failed); ``briefs__<node task>__<n>``: a group of the
+  :class:`NodeBrief` of a node task of more than 32 instances (:func:`briefs_key`); ``return_value``:
+  what the default lane's node task maps over (:func:`mapped_values`): its nodes' briefs, or for more
+  than 32 nodes their labels (``id · action``).
+- ``select_nodes__<lane>`` → ``return_value``: what the lane's node task maps over, the same way.
 - ``approve`` → ``approval``: :class:`ApprovalRecord`.
 - ``nodes`` / ``nodes__<lane>`` (each instance) → ``node``:
   :class:`~airflow_plan_provider.plan.result.NodeRecord` (as :meth:`~.NodeRecord.pushed`); ``polling``:
@@ -92,7 +93,8 @@ def locked_key(node_id: str) -> str:
 
 #: How many node briefs one XCom of the planning task holds (:func:`briefs_key`): a node reads the
 #: briefs of its group, so what it reads stays a few KB however large the plan, and a plan of N nodes
-#: costs its planning task N / 32 XCom writes.
+#: costs its planning task N / 32 XCom writes. A node task of at most this many instances maps over the
+#: briefs themselves instead (:func:`briefs_in_mapped_values`).
 BRIEFS_PER_XCOM = 32
 
 
@@ -178,9 +180,10 @@ class ParentBrief(Model):
 
 
 class NodeBrief(Model):
-    """What one node's task instance needs of its run: the planning task publishes the briefs of a
-    node task's instances in groups (:func:`briefs_key`), so a node reads its group, a few KB however
-    large the plan, and no plan, run context or layout, to start.
+    """What one node's task instance needs of its run: its mapped value (a node task of up to
+    :data:`BRIEFS_PER_XCOM` instances), or one of the groups the planning task publishes
+    (:func:`briefs_key`), so a node reads a few KB however large the plan, and no plan, run context or
+    layout, to start.
 
     :param node: the node.
     :param parents: its parents (:class:`ParentBrief`), in the plan's order of its parents.
@@ -228,24 +231,16 @@ class NodeBrief(Model):
         raise KeyError(node_id)
 
 
-def node_labels(plan: ValidatedPlan, run: RunContext, task_id: str) -> list[str]:
-    """The labels (``id · action``) of the nodes node task ``task_id`` maps, in map-index order: what
-    the task maps over. Each instance's label is its mapped value (``map_index_template``), so the label
-    Airflow sets when the instance starts is already its last. Airflow reads the whole list for every
-    instance it starts (it resolves a mapped value from the upstream task's whole return value), so
-    the list holds nothing more: a node's brief is read apart (:func:`node_briefs`)."""
-    return [node_label(node, plan.node(node).action) for node in node_tasks(plan, run).get(task_id, [])]
-
-
 def node_briefs(plan: ValidatedPlan, run: RunContext) -> dict[str, list[dict[str, Any]]]:
-    """XCom key (:func:`briefs_key`) → the briefs (:class:`NodeBrief`, as JSON) it holds, in map-index
-    order, for every node of the run."""
+    """Node task id → the briefs (:class:`NodeBrief`, as JSON) of its instances, in map-index order,
+    for every node of the run. How they reach the instances: :func:`mapped_values` and
+    :func:`brief_groups`."""
     tasks = node_tasks(plan, run)
     at = {node: (task, index) for task, nodes in tasks.items() for index, node in enumerate(nodes)}
     soft = set(map(tuple, plan.soft_edges))
-    published: dict[str, list[dict[str, Any]]] = {}
+    briefs: dict[str, list[dict[str, Any]]] = {}
     for task_id, nodes in tasks.items():
-        for index, node_id in enumerate(nodes):
+        for node_id in nodes:
             parents = plan.parents[node_id]
             grandparents = {p: plan.parents[p] for p in parents}
             where: dict[str, dict[str, int]] = {}
@@ -269,10 +264,55 @@ def node_briefs(plan: ValidatedPlan, run: RunContext) -> dict[str, list[dict[str
                 position=run.position(node_id),
                 plan_size=len(plan.nodes),
             )
-            published.setdefault(briefs_key(task_id, index), []).append(
+            briefs.setdefault(task_id, []).append(
                 brief.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
             )
-    return published
+    return briefs
+
+
+def briefs_in_mapped_values(instances: int) -> bool:
+    """Whether a node task of ``instances`` instances maps over its nodes' briefs (at most one group of
+    :data:`BRIEFS_PER_XCOM`) rather than their labels.
+
+    Airflow reads the whole list a task maps over for every instance it starts, in one request. A
+    task of one group's size maps over the briefs themselves: each instance reads no more than its
+    group would hold, and makes no second request for its brief. A larger task maps over the labels
+    (``id · action``), and each instance reads its brief from its group (:func:`brief_groups`), so that
+    what it reads stays a few KB however large the plan.
+    """
+    return instances <= BRIEFS_PER_XCOM
+
+
+def mapped_values(briefs: list[dict[str, Any]]) -> list[Any]:
+    """What a node task maps over, given its instances' briefs (:func:`node_briefs`): the briefs
+    themselves, or their labels when there are more than one group's worth
+    (:func:`briefs_in_mapped_values`)."""
+    if briefs_in_mapped_values(len(briefs)):
+        return briefs
+    return [mapped_label(brief) for brief in briefs]
+
+
+def brief_groups(briefs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """XCom key (:func:`briefs_key`) → the briefs it holds, in map-index order, for the node tasks that
+    map over their labels (:func:`mapped_values`); given every task's briefs (:func:`node_briefs`)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for task_id, task_briefs in briefs.items():
+        if briefs_in_mapped_values(len(task_briefs)):
+            continue
+        for index, brief in enumerate(task_briefs):
+            groups.setdefault(briefs_key(task_id, index), []).append(brief)
+    return groups
+
+
+def mapped_label(value: Any) -> str | None:
+    """The label (``id · action``) of the node instance whose mapped value is ``value``: a label, or a
+    brief (as JSON); None for anything else."""
+    if isinstance(value, str):
+        return value
+    node = value.get("node") if isinstance(value, dict) else None
+    if not isinstance(node, dict) or not isinstance(node.get("id"), str):
+        return None
+    return node_label(node["id"], str(node.get("action", "")))
 
 
 def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[str, int]:

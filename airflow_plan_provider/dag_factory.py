@@ -76,8 +76,8 @@ from airflow_plan_provider.tools.registry import (
 if TYPE_CHECKING:
     from airflow_plan_provider.planners.base import Planner
 
-# each instance's label is its mapped value, ``id · action`` (contract.node_labels): set once, when it starts
-MAP_INDEX_TEMPLATE = "{{ task.plan_node }}"
+# each instance's label, ``id · action``, from its mapped value (contract.mapped_label): set once, when it starts
+MAP_INDEX_TEMPLATE = "{{ task.instance_label }}"
 
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process

@@ -17,7 +17,7 @@ from airflow_plan_provider.airflow_features import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
-from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, NodeBrief, labelled_node
+from airflow_plan_provider.contract import NODE_KEY, POLLING_KEY, NodeBrief, labelled_node, mapped_label
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.layout import (
@@ -194,10 +194,13 @@ class _ToolsWhenNeeded(Mapping[str, Tool]):
 
 
 class PlanNodeOperator(BaseOperator):
-    """Run node ``plan_node`` (its label, ``id · action``: its mapped value) of the plan published by the
-    planning task (one instance per mapped node), from its brief
-    (:class:`~airflow_plan_provider.contract.NodeBrief`: the node, its parents, where their instances
-    are, the run's context as the node needs it), the one XCom it reads to start.
+    """Run node ``plan_node`` (its mapped value) of the plan published by the planning task (one instance
+    per mapped node), from its brief (:class:`~airflow_plan_provider.contract.NodeBrief`: the node, its
+    parents, where their instances are, the run's context as the node needs it). The mapped value is
+    the brief itself, or in a node task of more than 32 instances the node's label (``id · action``),
+    and the node then reads its brief from its group, the one XCom it reads to start
+    (:func:`~airflow_plan_provider.contract.mapped_values`). Either way the instance's label in the grid
+    is ``id · action`` (:attr:`instance_label`).
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -229,7 +232,7 @@ class PlanNodeOperator(BaseOperator):
     def __init__(
         self,
         *,
-        plan_node: str,
+        plan_node: str | dict[str, Any],
         tools: ToolRegistry | str | None = None,
         artifact_store: str | None = None,
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
@@ -258,11 +261,17 @@ class PlanNodeOperator(BaseOperator):
         self.resolved_params = shown
         self.template_fields = ("resolved_params",)
 
+    @property
+    def instance_label(self) -> str:
+        """This instance's label, ``id · action`` (its ``map_index_template``), from its mapped value."""
+        return mapped_label(self.plan_node) or ""
+
     def _start(self, context: Context) -> NodeRun:
         ti = context["ti"]
-        node_id = labelled_node(self.plan_node)
+        mapped = self.plan_node
+        node_id = labelled_node(mapped_label(mapped))
         try:
-            brief = pull_brief(ti)
+            brief = NodeBrief.model_validate(mapped) if isinstance(mapped, dict) else pull_brief(ti)
         except ValidationError as error:
             raise AirflowFailException(
                 f"node {node_id}: its brief is malformed ({error.error_count()} problem(s), first: "

@@ -28,10 +28,11 @@ from airflow_plan_provider.contract import (
     RUN_CONTEXT_KEY,
     SESSION_KEY,
     PlanningErrorRecord,
+    brief_groups,
     lane_of,
     locked_key,
+    mapped_values,
     node_briefs,
-    node_labels,
 )
 from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
 from airflow_plan_provider.operators._telemetry import emit, span
@@ -142,7 +143,7 @@ class PlanOperator(BaseOperator):
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
-    def execute(self, context: Context) -> list[str]:
+    def execute(self, context: Context) -> list[Any]:
         ti = context["ti"]
         run_id = context["run_id"]
         shared = artifacts.local_store_warning(self.artifact_store)
@@ -210,9 +211,10 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
-        for key, briefs in node_briefs(plan, run).items():
-            ti.xcom_push(key=key, value=briefs)
-        return node_labels(plan, run, NODES_TASK)
+        briefs = node_briefs(plan, run)
+        for key, group in brief_groups(briefs).items():
+            ti.xcom_push(key=key, value=group)
+        return mapped_values(briefs.get(NODES_TASK, []))
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""

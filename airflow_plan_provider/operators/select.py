@@ -1,4 +1,4 @@
-"""The select tasks of the pool lanes: return the labels of the nodes one lane's node task maps in a run."""
+"""The select tasks of the pool lanes: return what one lane's node task maps over in a run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_plan_provider.airflow_features import AirflowSkipException
-from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, node_labels
+from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, mapped_values, node_briefs
 from airflow_plan_provider.operators.layout import pull_plan, pull_run_context, task_id_in
 
 if TYPE_CHECKING:
@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 
 
 class LaneSelectOperator(BaseOperator):
-    """Return the labels (``id · action``) of the nodes the node task
-    ``node_task`` (``nodes__<pool>``) maps in this run, in the plan's run order (see
-    :func:`~airflow_plan_provider.contract.node_tasks`); empty when the plan has no node in that lane.
+    """Return what the node task ``node_task`` (``nodes__<pool>``) maps over in this run
+    (:func:`~airflow_plan_provider.contract.mapped_values`: its nodes' briefs, or their labels), in the
+    plan's run order (see :func:`~airflow_plan_provider.contract.node_tasks`); empty when the plan has no
+    node in that lane.
 
     Airflow expands a mapped task over another task's return value only, so each pool lane maps over a
     task of its own. Skips itself (so its node task is skipped) when planning failed, or when the DAG
@@ -36,7 +37,7 @@ class LaneSelectOperator(BaseOperator):
         self.node_task = node_task
         self.approval_task_id = approval_task_id
 
-    def execute(self, context: Context) -> list[str]:
+    def execute(self, context: Context) -> list[Any]:
         ti = context["ti"]
         plan = pull_plan(ti)
         if plan is None:
@@ -45,4 +46,4 @@ class LaneSelectOperator(BaseOperator):
             ti.xcom_pull(task_ids=task_id_in(ti, self.approval_task_id), key=APPROVAL_KEY)
         ):
             raise AirflowSkipException("the plan was not approved")
-        return node_labels(plan, pull_run_context(ti), self.node_task)
+        return mapped_values(node_briefs(plan, pull_run_context(ti)).get(self.node_task, []))

@@ -1,6 +1,7 @@
-"""Each node instance's label (its rendered map index, ``id · action``) is the value its node task maps
-over, so the label Airflow sets when the instance starts is already its last; the action is shown as
-written, never rendered as a template (it is the planner's text), and so are the params."""
+"""Each node instance's label (its rendered map index, ``id · action``) comes from the value its node task
+maps over (the node's brief, or in a task of more than 32 nodes its label), so the label Airflow sets
+when the instance starts is already its last; the action is shown as written, never rendered as a
+template (it is the planner's text), and so are the params."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import NodeExecution
-from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, briefs_key
+from airflow_plan_provider.contract import BRIEFS_PER_XCOM, NODES_TASK, PLAN_TASK, briefs_key, mapped_label
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import _task_instances, run_plan_dag
 from tests.airflow.support import xcom
@@ -32,7 +33,7 @@ PLAN = {
 }
 
 
-def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(tmp_path: Path) -> None:
+def test_a_node_task_maps_over_its_nodes_briefs_and_each_instance_shows_its_label(tmp_path: Path) -> None:
     from airflow_plan_provider.dag_factory import build_plan_dag
 
     log = CallLog(tmp_path)
@@ -43,9 +44,9 @@ def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(
     run = run_plan_dag(dag, {"goal": "label", "plan": PLAN})
     assert str(run.state) == "success" and log.count("emit") == 2
     labels = ["a · sum {{ 7 * 7 }} and {% raw %}", "b · second, after a"]  # run order: a parent first
-    assert xcom(run, PLAN_TASK) == labels
-    briefs = xcom(run, PLAN_TASK, key=briefs_key(NODES_TASK, 0))  # the one group of node briefs
-    assert [brief["node"]["id"] for brief in briefs] == ["a", "b"]
+    briefs = xcom(run, PLAN_TASK)  # what the node task maps over: its nodes' briefs
+    assert [mapped_label(brief) for brief in briefs] == labels
+    assert xcom(run, PLAN_TASK, key=briefs_key(NODES_TASK, 0)) is None  # no group besides
     # b's brief: b, its parent a (what keys a's output) and where a's instance is; nothing else
     assert briefs[1]["parents"] == [{"id": "a", "tool": "emit", "params": {"value": 1}}]
     assert briefs[1]["at"] == {NODES_TASK: {"a": 0, "b": 1}}
@@ -64,10 +65,12 @@ def test_a_node_task_maps_over_its_nodes_labels_and_each_instance_shows_its_own(
     assert rendered[1] == {"resolved_params": {"value": 2, "note": "{{ 6 * 7 }}"}}
 
 
-def test_a_node_reads_its_label_and_its_group_of_briefs_not_the_plan(tmp_path: Path, monkeypatch) -> None:
-    """What a node reads to start does not grow with the plan beyond its label: no plan, no run
+@pytest.mark.parametrize("width", [2, BRIEFS_PER_XCOM + 1], ids=["briefs mapped", "labels mapped"])
+def test_a_node_reads_its_brief_and_not_the_plan(tmp_path: Path, monkeypatch, width: int) -> None:
+    """What a node reads to start does not grow with the plan beyond the labels: no plan, no run
     context. Every XCom read of each node instance (``xcom_pull``: Airflow's own read of the mapped
-    value, and the node's), in order; a parent's record comes as one sequence slice besides."""
+    value, and the node's), in order: in a node task of up to 32 nodes only the mapped value (its
+    brief); in a larger one the labels, then its group of briefs."""
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     from airflow_plan_provider.dag_factory import build_plan_dag
@@ -84,7 +87,22 @@ def test_a_node_reads_its_label_and_its_group_of_briefs_not_the_plan(tmp_path: P
     monkeypatch.setattr(RuntimeTaskInstance, "xcom_pull", counted)
     log = CallLog(tmp_path)
     tools = scripted_registry(ScriptedTool("emit", log=log, returns=lambda params: params["value"]))
-    run = run_plan_dag(build_plan_dag("node_reads", planner=None, tools=tools), {"goal": "r", "plan": PLAN})
-    assert str(run.state) == "success"
-    labels, briefs = (PLAN_TASK, "return_value"), (PLAN_TASK, briefs_key(NODES_TASK, 0))
-    assert reads == {0: [labels, briefs], 1: [labels, briefs]}
+    plan = {
+        "nodes": [PLAN["nodes"][1]]
+        + [
+            {"id": f"n{i}", "action": "next", "tool": "emit", "params": {"value": i}, "dependencies": ["a"]}
+            for i in range(width - 1)
+        ]
+    }
+    run = run_plan_dag(build_plan_dag("node_reads", planner=None, tools=tools), {"goal": "r", "plan": plan})
+    assert str(run.state) == "success" and log.count("emit") == width
+    mapped = (PLAN_TASK, "return_value")
+    if width <= BRIEFS_PER_XCOM:
+        assert reads == {index: [mapped] for index in range(width)}
+        return
+    groups = [(PLAN_TASK, briefs_key(NODES_TASK, index)) for index in range(width)]
+    assert reads == {index: [mapped, groups[index]] for index in range(width)}
+    assert groups[0] != groups[-1]  # the last node's brief is in a group of its own
+    first, *rest = xcom(run, PLAN_TASK)  # the labels, in run order: a first
+    assert first == "a · sum {{ 7 * 7 }} and {% raw %}"
+    assert sorted(rest) == sorted(f"n{i} · next" for i in range(width - 1))

@@ -17,6 +17,7 @@ from airflow_plan_provider.contract import (
     labelled_node,
     lane_task_id,
     locked_key,
+    mapped_label,
     node_label,
     select_task_id,
     session_outcome,
@@ -63,6 +64,14 @@ def test_the_names_are_those_users_see() -> None:
 def test_a_label_names_its_node() -> None:
     assert labelled_node(node_label("n-1", "a · b")) == "n-1"
     assert labelled_node(None) is None and labelled_node("") is None
+
+
+def test_a_node_instances_label_comes_from_its_mapped_value_a_brief_or_a_label() -> None:
+    assert mapped_label("3 · query deploys") == "3 · query deploys"
+    brief = {"node": {"id": "3", "action": "query {{ deploys }}", "tool": "t"}, "at": {}, "plan_size": 1}
+    assert mapped_label(brief) == "3 · query {{ deploys }}"
+    for malformed in ({}, {"node": "3"}, {"node": {"id": 3}}, ["3"], None, 3):
+        assert mapped_label(malformed) is None
 
 
 def approval(status: str = "granted", **fields: object) -> Approval:
@@ -179,7 +188,9 @@ def test_a_node_brief_holds_the_node_its_parents_and_where_they_run_whatever_the
         BRIEFS_PER_XCOM,
         NODES_TASK,
         NodeBrief,
+        brief_groups,
         briefs_key,
+        mapped_values,
         node_briefs,
         node_tasks,
     )
@@ -192,12 +203,19 @@ def test_a_node_brief_holds_the_node_its_parents_and_where_they_run_whatever_the
         run = RunContext(root_run_id="r", revision=1, lanes=lanes, execution_order=plan.run_order[1:])
         run.reused = plan.run_order[:1]
         found, sizes = {}, {}
-        for key, group in node_briefs(plan, run).items():
-            assert len(group) <= BRIEFS_PER_XCOM
-            for value in group:
+        by_task = node_briefs(plan, run)
+        groups = brief_groups(by_task)
+        assert all(len(group) <= BRIEFS_PER_XCOM for group in groups.values())
+        for task, task_briefs in by_task.items():
+            mapped = mapped_values(task_briefs)
+            for index, value in enumerate(task_briefs):
                 brief = NodeBrief.model_validate(json.loads(json.dumps(value)))
-                task, index = brief.location(brief.node_id)
-                assert key == briefs_key(task, index) and group[index % BRIEFS_PER_XCOM] is value
+                assert brief.location(brief.node_id) == (task, index)
+                if len(task_briefs) <= BRIEFS_PER_XCOM:  # the task maps over its briefs; no group
+                    assert mapped[index] is value and briefs_key(task, index) not in groups
+                else:  # over its labels; the brief in its group
+                    assert mapped[index] == brief.label
+                    assert groups[briefs_key(task, index)][index % BRIEFS_PER_XCOM] is value
                 found[brief.node_id], sizes[brief.node_id] = brief, len(json.dumps(value))
         return plan, run, found, sizes
 
