@@ -36,7 +36,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -768,6 +768,28 @@ def run_figures(runs: Sequence[Run]) -> dict[str, Any]:
         "raw": [round(r.makespan, 1) for r in runs],
         **loop_figures(runs),
     }
+
+
+def execution_requests_per_second(api_server_log: Path, runs: Sequence[Run]) -> float | None:
+    """Execution-API requests per second while each run was on (its first task's start → its last
+    task's end), median over ``runs``, from the API server's access log (``[http.access]`` lines of
+    ``/execution/`` paths: the task processes', their supervisors' and the triggerer's requests). Runs
+    one at a time (:func:`repeat_runs`), so every request in a run's window is for that run. None when
+    the log holds no such line."""
+    stamps = []
+    with suppress(OSError), api_server_log.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if "[http.access]" in line and "path=/execution/" in line:
+                with suppress(ValueError):
+                    stamps.append(
+                        datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+                    )
+    if not stamps:
+        return None
+    return median(
+        sum(1 for t in stamps if r.first_start <= t <= r.last_end) / max(r.last_end - r.first_start, 1e-9)
+        for r in runs
+    )
 
 
 def loop_figures(runs: Sequence[Run]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """A 500-node plan with 0.5 s tools: it completes, the node slots held at once stay within the cap, and
 its throughput; with ``--wide-static``, next to the same plan as a static DAG, with the scheduler's loop
-time for each (StatsD ``scheduler.scheduler_loop_duration`` while the run is on).
+time for each (StatsD ``scheduler.scheduler_loop_duration`` while the run is on) and the execution-API
+requests per second the API server answered while it was on (its access log).
 
 The plan has 20 layers of 25 nodes, each node with one parent in the layer before and up to two in
 earlier layers (seed 3), every tool sleeping 0.5 s: 250 s of tool time, critical path 10 s. With a cap
@@ -31,6 +32,7 @@ from _planbench import (
     Question,
     breakdown,
     critical_path,
+    execution_requests_per_second,
     fmt,
     main,
     median_run,
@@ -104,6 +106,10 @@ class Wide(Question):
             run = median_run(group)
             figures = run_figures(group) | breakdown(bench, run, self.plan)
             figures["succeeded"] = sum(1 for ti in run.node_tis().values() if ti["state"] == "success")
+            assert bench.cluster is not None
+            figures["api requests/s"] = execution_requests_per_second(
+                bench.cluster.log_path("api-server"), group
+            )
             out["runs"][kind] = figures
         return out
 
@@ -139,6 +145,11 @@ class Wide(Question):
                     print(
                         f"  {database} {kind}: scheduler loop {f['loop ms']:.0f} ms median,"
                         f" {f['loop p95 ms']:.0f} ms p95, {f['loops/s']:.1f} loops/s"
+                    )
+                if f.get("api requests/s") is not None:
+                    print(
+                        f"  {database} {kind}: execution-API requests {f['api requests/s']:.1f}/s,"
+                        f" {f['api requests/s'] * f['makespan'] / n:.1f} per node"
                     )
             for kind, other in (("plan", "static"), ("conf", "static"), ("plan", "conf")):
                 if "loop ms" in runs.get(kind, {}) and "loop ms" in runs.get(other, {}):
