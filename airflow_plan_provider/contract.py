@@ -231,15 +231,19 @@ class NodeBrief(Model):
         raise KeyError(node_id)
 
 
-def node_briefs(plan: ValidatedPlan, run: RunContext) -> dict[str, list[dict[str, Any]]]:
+def node_briefs(
+    plan: ValidatedPlan, run: RunContext, task_id: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Node task id → the briefs (:class:`NodeBrief`, as JSON) of its instances, in map-index order,
-    for every node of the run. How they reach the instances: :func:`mapped_values` and
-    :func:`brief_groups`."""
+    for every node of the run, or only for node task ``task_id``'s. How they reach the instances:
+    :func:`mapped_values` and :func:`brief_groups`."""
     tasks = node_tasks(plan, run)
     at = {node: (task, index) for task, nodes in tasks.items() for index, node in enumerate(nodes)}
     soft = set(map(tuple, plan.soft_edges))
     briefs: dict[str, list[dict[str, Any]]] = {}
-    for task_id, nodes in tasks.items():
+    for task, nodes in tasks.items():
+        if task_id is not None and task != task_id:
+            continue
         for node_id in nodes:
             parents = plan.parents[node_id]
             grandparents = {p: plan.parents[p] for p in parents}
@@ -264,7 +268,7 @@ def node_briefs(plan: ValidatedPlan, run: RunContext) -> dict[str, list[dict[str
                 position=run.position(node_id),
                 plan_size=len(plan.nodes),
             )
-            briefs.setdefault(task_id, []).append(
+            briefs.setdefault(task, []).append(
                 brief.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
             )
     return briefs
@@ -283,13 +287,19 @@ def briefs_in_mapped_values(instances: int) -> bool:
     return instances <= BRIEFS_PER_XCOM
 
 
-def mapped_values(briefs: list[dict[str, Any]]) -> list[Any]:
-    """What a node task maps over, given its instances' briefs (:func:`node_briefs`): the briefs
-    themselves, or their labels when there are more than one group's worth
-    (:func:`briefs_in_mapped_values`)."""
-    if briefs_in_mapped_values(len(briefs)):
-        return briefs
-    return [mapped_label(brief) for brief in briefs]
+def mapped_values(
+    plan: ValidatedPlan,
+    run: RunContext,
+    task_id: str,
+    briefs: dict[str, list[dict[str, Any]]] | None = None,
+) -> list[Any]:
+    """What node task ``task_id`` maps over: its nodes' briefs, taken from ``briefs`` (every task's,
+    :func:`node_briefs`) or built here, or their labels when there are more than one group's worth
+    (:func:`briefs_in_mapped_values`; no brief is built then)."""
+    nodes = node_tasks(plan, run).get(task_id, [])
+    if not briefs_in_mapped_values(len(nodes)):
+        return [node_label(node, plan.node(node).action) for node in nodes]
+    return (node_briefs(plan, run, task_id) if briefs is None else briefs).get(task_id, [])
 
 
 def brief_groups(briefs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:

@@ -214,7 +214,7 @@ class PlanOperator(BaseOperator):
         briefs = node_briefs(plan, run)
         for key, group in brief_groups(briefs).items():
             ti.xcom_push(key=key, value=group)
-        return mapped_values(briefs.get(NODES_TASK, []))
+        return mapped_values(plan, run, NODES_TASK, briefs)
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""

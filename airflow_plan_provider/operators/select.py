@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_plan_provider.airflow_features import AirflowSkipException
-from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, mapped_values, node_briefs
+from airflow_plan_provider.contract import APPROVAL_KEY, approval_lets_nodes_run, mapped_values
 from airflow_plan_provider.operators.layout import pull_plan, pull_run_context, task_id_in
 
 if TYPE_CHECKING:
@@ -46,4 +46,4 @@ class LaneSelectOperator(BaseOperator):
             ti.xcom_pull(task_ids=task_id_in(ti, self.approval_task_id), key=APPROVAL_KEY)
         ):
             raise AirflowSkipException("the plan was not approved")
-        return mapped_values(node_briefs(plan, pull_run_context(ti)).get(self.node_task, []))
+        return mapped_values(plan, pull_run_context(ti), self.node_task)

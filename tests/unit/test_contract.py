@@ -207,7 +207,9 @@ def test_a_node_brief_holds_the_node_its_parents_and_where_they_run_whatever_the
         groups = brief_groups(by_task)
         assert all(len(group) <= BRIEFS_PER_XCOM for group in groups.values())
         for task, task_briefs in by_task.items():
-            mapped = mapped_values(task_briefs)
+            mapped = mapped_values(plan, run, task, by_task)
+            assert mapped_values(plan, run, task) == mapped  # as a lane's select task builds them
+            assert node_briefs(plan, run, task) == {task: task_briefs}
             for index, value in enumerate(task_briefs):
                 brief = NodeBrief.model_validate(json.loads(json.dumps(value)))
                 assert brief.location(brief.node_id) == (task, index)
