@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_plan_provider.airflow_features import AirflowFailException, SkipMixin
 from airflow_plan_provider.contract import (
+    APPROVE_TASK,
     PLAN_TASK,
     PLANNING_ERROR_KEY,
     REPLAN_CONF_KEY,
@@ -16,7 +17,13 @@ from airflow_plan_provider.contract import (
     PlanningErrorRecord,
 )
 from airflow_plan_provider.operators._telemetry import emit
-from airflow_plan_provider.operators.layout import pull_node_records, pull_plan, pull_session, task_id_in
+from airflow_plan_provider.operators.layout import (
+    has_task,
+    pull_node_records,
+    pull_plan,
+    pull_session,
+    task_id_in,
+)
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord, SessionResult
@@ -60,9 +67,9 @@ def _shown(record: NodeRecord) -> Any:
 
 
 class FinalizePlanOperator(BaseOperator, SkipMixin):
-    """Return the :class:`SessionResult` of the run, or hand over to the replan task.
+    """Publish the :class:`SessionResult` of the run (XCom ``return_value``), or hand over to the replan task.
 
-    Completed: returns the result (XCom ``return_value``) and skips the replan task. Failed (the plan
+    Completed: pushes the result (XCom ``return_value``) and skips the replan task. Failed (the plan
     could not be made, a node failed with no replan left, or a budget is spent): pushes the result, then
     fails, so the DAG run is failed too. Replan due: pushes the next run's conf, and a result with status
     ``replanned`` saying which node asked for the replan and why, and lets ``replan`` run (its
@@ -79,9 +86,8 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         super().__init__(**kwargs)
         self.replan_task_id = replan_task_id
 
-    def execute(self, context: Context) -> dict[str, Any] | None:
+    def execute(self, context: Context) -> None:
         # imported here, not by the DAG file every node task parses
-        from airflow_plan_provider.operators.approval import record_answer
         from airflow_plan_provider.plan.conclusion import (
             conclude,
             fail_session,
@@ -99,7 +105,11 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             reason = "replan_failed" if state.revision > 0 and reason == "invalid_plan" else reason
             self._fail(ti, state, *fail_session(state, reason, error.message))
 
-        answered, approval = record_answer(ti, state)
+        answered, approval = state, None
+        if has_task(ti, APPROVE_TASK):  # the DAG asks for approval
+            from airflow_plan_provider.operators.approval import record_answer
+
+            answered, approval = record_answer(ti, state)
         if approval is not None and approval.status == "rejected":  # no node ran
             message = f"the plan was not approved: {approval.message}"
             self._fail(ti, state, *fail_session(answered, "rejected", message))
@@ -128,10 +138,9 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             self._fail(ti, state, finished, result)
         self._publish(state, finished)
         self.log.info("%s", result.summary_text())
-        payload = result.model_dump(mode="json")
-        ti.xcom_push(key=RESULT_KEY, value=payload)
-        self._skip_replan(ti)
-        return payload
+        ti.xcom_push(key=RESULT_KEY, value=result.model_dump(mode="json"))
+        self._skip_replan(ti)  # ends the try (Airflow's skip of the replan task), so pushed before
+        return None  # returned, the result would be pushed a second time
 
     def _publish(self, before: SessionState, after: SessionState, logged: int = 0) -> None:
         """Log (and count) the events added to the session since ``before``, but the first ``logged``."""

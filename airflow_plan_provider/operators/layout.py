@@ -41,6 +41,14 @@ def task_id_in(ti: Any, task_id: str) -> str:
     return group_prefix(getattr(ti, "task", None)) + task_id
 
 
+def has_task(ti: Any, task_id: str) -> bool:
+    """Whether the plan of task instance ``ti`` has its task ``task_id`` (say ``approve``): a DAG built
+    without approval has no approve task, and a read of its XCom would be a request for nothing. True
+    when the instance does not carry its DAG."""
+    dag = getattr(getattr(ti, "task", None), "dag", None)
+    return dag is None or bool(dag.has_task(task_id_in(ti, task_id)))
+
+
 def pull_plan(ti: Any) -> ValidatedPlan | None:
     raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLAN_KEY)
     return ValidatedPlan.model_validate(raw) if raw else None

@@ -111,7 +111,7 @@ class PlanOperator(BaseOperator):
         with reason ``invalid_plan``): the DAG's reviewed plan is the only one it runs.
     """
 
-    template_fields = ("goal",)
+    template_fields: Sequence[str] = ("goal",)
     ui_color = "#d9e8fb"
     operator_extra_links = (ParentRunLink(),)
 
@@ -140,6 +140,8 @@ class PlanOperator(BaseOperator):
         self.limits = limits or Limits()
         self.budgets = budgets or Budgets()
         self.goal = goal
+        if goal is None:  # nothing to render: Airflow then sends no rendered fields when the task starts
+            self.template_fields = ()
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
@@ -176,7 +178,13 @@ class PlanOperator(BaseOperator):
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
                 source, outcome = self._plan(
-                    state, params, planner_conf, tools, self._reply_store(context), dag_plan
+                    state,
+                    params,
+                    planner_conf,
+                    tools,
+                    self._reply_store(context),
+                    dag_plan,
+                    earlier_tries=ti.try_number > 1,
                 )
         except PlanningError as error:
             self._fail(ti, state, error)
@@ -291,9 +299,12 @@ class PlanOperator(BaseOperator):
         tools: ToolRegistry,
         store: Any = None,
         dag_plan: Any = None,
+        *,
+        earlier_tries: bool = False,
     ) -> tuple[PlanSource, PlanningOutcome]:
         """The run's plan and where it came from: a ready plan (the conf's, or the DAG's own), the
-        planner's first plan, or (a replan run) the planner's replacement merged into the current plan."""
+        planner's first plan, or (a replan run) the planner's replacement merged into the current plan.
+        ``earlier_tries``: whether this task instance ran before (a reply it kept is then looked for)."""
         from airflow_plan_provider.planners.base import PlanRequest, replan_request
 
         limits = self.limits
@@ -311,6 +322,7 @@ class PlanOperator(BaseOperator):
                 lambda raw: validate_plan(raw, tools, limits),
                 repair_attempts=self.repair_attempts,
                 store=store,
+                earlier_tries=earlier_tries,
             )
             return "planner", outcome
         if self.planner is None:
@@ -322,6 +334,7 @@ class PlanOperator(BaseOperator):
             lambda raw: validate_plan(merge_replan(current, raw, state.locked)[0], tools, limits),
             repair_attempts=self.repair_attempts,
             store=store,
+            earlier_tries=earlier_tries,
         )
         return state.plan_source, outcome
 
@@ -333,15 +346,17 @@ class PlanOperator(BaseOperator):
         *,
         repair_attempts: int,
         store: Any,
+        earlier_tries: bool,
     ) -> PlanningOutcome:
         """Plan with repairs; reuse the reply an earlier try of this task validated, keep the one accepted.
 
-        A kept reply goes through ``finish`` again (the same checks as any planner reply); if it no
-        longer passes, the planner is asked as usual.
+        Only a task instance that ran before (``earlier_tries``) looks for a kept reply: a first try has
+        none, and the look is a request to the API server. A kept reply goes through ``finish`` again
+        (the same checks as any planner reply); if it no longer passes, the planner is asked as usual.
         """
         from airflow_plan_provider.planners.base import PlanningOutcome, plan_with_repairs
 
-        kept = _kept_reply(store.get(ACCEPTED_REPLY_KEY)) if store is not None else None
+        kept = _kept_reply(store.get(ACCEPTED_REPLY_KEY)) if store is not None and earlier_tries else None
         if kept is not None:
             try:
                 plan = finish(kept["reply"])

@@ -178,11 +178,30 @@ def test_planning_lost_mid_call_asks_the_planner_again(tmp_path):
     assert log.count("a") == 1
 
 
+class LookingStore:
+    """A task's reply store that notes in a file each key it is asked for (a look is an API request)."""
+
+    def __init__(self, store: Any, looks: Path) -> None:
+        self.store, self.looks = store, looks
+
+    def get(self, key: str) -> Any:
+        with self.looks.open("a") as fh:
+            fh.write(f"{key}\n")
+        return self.store.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.store.set(key, value)
+
+
 def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
     from airflow_plan_provider import dag_factory
     from airflow_plan_provider.operators.plan_task import ACCEPTED_REPLY_KEY, PlanOperator
 
     monkeypatch.setattr(dag_factory, "PlanOperator", lost_after(PlanOperator))
+    looks, reply_store = tmp_path / "looks", PlanOperator._reply_store
+    monkeypatch.setattr(
+        PlanOperator, "_reply_store", lambda self, context: LookingStore(reply_store(self, context), looks)
+    )
     log = CallLog(tmp_path / "calls")
     planner = CountingPlanner(tmp_path, LINEAR | {"nodes": LINEAR["nodes"][:1]})
     run = run_plan_dag(build("plan_lost_after", planner, log), {"goal": "g"})
@@ -194,6 +213,8 @@ def test_planning_lost_after_validating_reuses_its_plan(tmp_path, monkeypatch):
     assert len(created) == 1 and created[0]["data"]["attempts"] == 1
     kept = task_state(run, PLAN_TASK, ACCEPTED_REPLY_KEY)
     assert kept["reply"]["nodes"][0]["tool"] == "a" and kept["attempts"] == 1
+    # only the retry looked for a kept reply: the first try had none to find
+    assert looks.read_text().splitlines() == [ACCEPTED_REPLY_KEY]
 
 
 def task_state(dag_run: Any, task_id: str, key: str) -> Any:
