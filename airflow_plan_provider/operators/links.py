@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 class ParentRunLink(BaseOperatorLink):
     """The "Parent run" link: the run whose replan started this one (empty on a session's first run).
 
-    Airflow computes the link on the worker when the task ends and keeps it as an XCom; the planning task
-    sets ``parent_run_id`` only from a session it verified, never from a conf taken on trust.
+    Airflow computes the link on the worker when the task ends and keeps it as an XCom (a session's first
+    run keeps none: its planning task drops the link when it has no parent); the planning task sets
+    ``parent_run_id`` only from a session it verified, never from a conf taken on trust.
     """
 
     name = "Parent run"

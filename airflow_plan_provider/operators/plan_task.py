@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_plan_provider import airflow_features, artifacts
 from airflow_plan_provider.airflow_features import AirflowFailException
@@ -113,7 +113,7 @@ class PlanOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("goal",)
     ui_color = "#d9e8fb"
-    operator_extra_links = (ParentRunLink(),)
+    operator_extra_links: tuple[BaseOperatorLink, ...] = (ParentRunLink(),)
 
     def __init__(
         self,
@@ -162,6 +162,8 @@ class PlanOperator(BaseOperator):
             # nothing of the rejected session is kept: a fresh session reports the rejection
             self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id), error)
         self.parent_run_id = state.parent_run_id
+        if not self.parent_run_id:  # a session's first run has no parent run: no link for Airflow to keep
+            self.operator_extra_links = ()
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal

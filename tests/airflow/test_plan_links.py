@@ -57,6 +57,6 @@ def test_replan_run_links_back_to_its_parent(tmp_path):
         build("links_parent", CallLog(tmp_path)), {"goal": "find why the payment API got slow"}
     )
     root, child = session.runs
-    assert xcom(root, PLAN_TASK, key="_link_ParentRunLink") == ""  # a root run has no parent
+    assert xcom(root, PLAN_TASK, key="_link_ParentRunLink") is None  # a root run has no parent to link
     link = xcom(child, PLAN_TASK, key="_link_ParentRunLink")
     assert link.endswith(f"/dags/links_parent/runs/{root.run_id}"), link
