@@ -223,6 +223,15 @@ def run_tax(
                 "task cpu": p["task_cpu"],
                 "supervisor cpu": p["supervisor_cpu"],
                 "slot held": p["t1"] - p["t0"],
+                "requests": dict(
+                    sorted(
+                        Counter(
+                            request_kind(r)
+                            for r in requests
+                            if (r.get("ti") or {}).get("task_id") == p["task_id"]
+                        ).items()
+                    )
+                ),
             }
             for p in other
         },
@@ -353,6 +362,8 @@ def summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             f: median(r["run tasks"][t][f] for r in rounds if t in r["run tasks"])
             for f in ("task cpu", "supervisor cpu", "slot held")
         }
+        # the requests of the median round's task (a task makes the same ones each round)
+        | {"requests": rounds[len(rounds) // 2]["run tasks"].get(t, {}).get("requests", {})}
         for t in tasks
     }
     out["task processes"] = median(r["task processes"] for r in rounds)
@@ -387,6 +398,10 @@ def report(results: Mapping[str, Any]) -> None:
                 for t, v in plan["run tasks"].items()
             )
         )
+        for task_id, v in plan["run tasks"].items():
+            kinds = v.get("requests") or {}
+            listed = ", ".join(f"{kind} {n}" for kind, n in kinds.items())
+            print(f"    {task_id}: {sum(kinds.values())} execution-API requests ({listed})")
         print(
             f"  raw per round, plan; static: task CPU {[round(r['task cpu'], 3) for r in figures['plan']]};"
             f" {[round(r['task cpu'], 3) for r in figures['static']]}, beyond tool"

@@ -8,7 +8,8 @@ it appends one JSON line to that file for:
 - every DAG file parse in a task process (``task_runner.parse``): wall and CPU milliseconds, modules
   imported;
 - every request to the execution API (``httpx.Client.send`` of a path under ``/execution/``): the process,
-  the task instance being supervised (if any), method, path and bytes each way.
+  the task instance being supervised (if any), method, path, status and bytes each way (a request
+  answered 404, which Airflow's client raises for, included: a look for a key that is not there).
 
 The patches are installed when their module is first imported (a finder on ``sys.meta_path``), so no
 process imports anything it would not have imported anyway.
@@ -116,28 +117,36 @@ def _install() -> None:
         original = client.send
 
         def send(self: object, request: object, *args: object, **kwargs: object) -> object:
-            response = original(self, request, *args, **kwargs)
             url = request.url  # type: ignore[attr-defined]
-            if "/execution/" in url.path:
-                try:
-                    received = len(response.content)
-                except Exception:  # a streamed response: its length as announced
-                    received = int(response.headers.get("content-length") or 0)
-                write(
-                    {
-                        "kind": "request",
-                        "t": time.time(),
-                        "pid": os.getpid(),
-                        "proc": " ".join(sys.argv[1:3])[:40],
-                        "ti": dict(current) or None,
-                        "method": request.method,  # type: ignore[attr-defined]
-                        "path": url.path,
-                        "query": url.query.decode()[:300],
-                        "sent": len(request.content or b""),  # type: ignore[attr-defined]
-                        "received": received,
-                    }
-                )
-            return response
+            response: object = None
+            try:
+                response = original(self, request, *args, **kwargs)
+                return response
+            except Exception as error:  # the client's hook raises for a 4xx / 5xx answer (a 404 too)
+                response = getattr(error, "response", None)
+                raise
+            finally:
+                if "/execution/" in url.path:
+                    try:
+                        received = len(response.content)  # type: ignore[attr-defined]
+                    except Exception:  # a streamed response: its length as announced
+                        headers = getattr(response, "headers", None) or {}
+                        received = int(headers.get("content-length") or 0)
+                    write(
+                        {
+                            "kind": "request",
+                            "t": time.time(),
+                            "pid": os.getpid(),
+                            "proc": " ".join(sys.argv[1:3])[:40],
+                            "ti": dict(current) or None,
+                            "method": request.method,  # type: ignore[attr-defined]
+                            "path": url.path,
+                            "query": url.query.decode()[:300],
+                            "status": getattr(response, "status_code", None),
+                            "sent": len(request.content or b""),  # type: ignore[attr-defined]
+                            "received": received,
+                        }
+                    )
 
         client.send = send
 
