@@ -512,8 +512,14 @@ def _refuse_replaced(function: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def _check_store(artifact_store: str | None) -> None:
-    """Warn (once per process and store) when the artifact store is not shared by every worker."""
-    if artifact_store in _checked_stores:
+    """Warn (once per process and store) when the artifact store is not shared by every worker.
+
+    Only where the DAG processor parses the file: a task process parses it too, before its task runs
+    (Airflow's parsing context then names the task), and every node's log would open with the same
+    warning; the planning task warns in its own log once per run instead."""
+    from airflow.sdk import get_parsing_context
+
+    if artifact_store in _checked_stores or get_parsing_context().task_id is not None:
         return
     _checked_stores.add(artifact_store)
     warning = local_store_warning(artifact_store)

@@ -14,7 +14,9 @@ Printed per DAG: throughput in nodes per minute over the window from the first t
 task end, its ratio to the static DAG's, the ideal for the pool (node-seconds / slots), pool
 utilisation (tool-seconds / (slots x window)), per-run makespans, the slot-seconds a node held, the peak
 number of node task processes (from their logs: a deferred instance holds no slot) and of tool calls
-at once (must be ≤ the pool), the scheduler's loop time, and with Celery the nodes each worker ran.
+at once (must be ≤ the pool), the scheduler's loop time, the CPU seconds the whole machine spent per
+node while the batch ran (every process: the cluster's services, the task processes, the benchmark's
+own polling; ``/proc/stat``), and with Celery the nodes each worker ran.
 
 Run::
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -68,10 +71,18 @@ def make_plan() -> dict:
     return {"goal": "concurrent runs bench", "nodes": nodes, "edges": edges}
 
 
-def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> list[Run]:
-    """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended."""
+def machine_cpu_seconds() -> float:
+    """The seconds the machine's cores have been busy since it booted, every process counted (user,
+    system, interrupts; ``/proc/stat``): task processes that came and went included."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> tuple[list[Run], float]:
+    """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended, and the CPU seconds
+    the machine spent meanwhile."""
     assert bench.cluster is not None
-    t_first = time.time()
+    t_first, busy = time.time(), machine_cpu_seconds()
     conf = bench.handed_over(conf)
     triggered = [(bench.cluster.trigger(dag_id, conf), time.time()) for _ in range(runs)]
     out = []
@@ -79,11 +90,13 @@ def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> list[Ru
         state = bench.cluster.wait_for_run(dag_id, run_id, timeout=1200, poll=1.0)
         out.append(bench.collect(dag_id, run_id, t_trigger, state))
     log(f"{dag_id}: {runs} runs ended {time.time() - t_first:.0f}s after the first trigger")
-    return out
+    return out, machine_cpu_seconds() - busy
 
 
-def figures(bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: float) -> dict[str, Any]:
-    """One batch's figures (JSON-able)."""
+def figures(
+    bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: float, busy: float
+) -> dict[str, Any]:
+    """One batch's figures (JSON-able); ``busy``: the machine's CPU seconds during the batch."""
     node_tis = [(run, ti) for run in runs for ti in run.node_tis().values()]
     # slots a node task holds: one period per task process (a deferral gives the slot back)
     segments = [s for run, ti in node_tis for s in bench.process_segments(run, ti)]
@@ -110,6 +123,7 @@ def figures(bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: floa
         "peak slots": peak_overlap(segments),
         "peak tools": peak_overlap(tools),
         "per worker": dict(Counter(str(ti.get("hostname") or "?") for _, ti in node_tis)),
+        "machine cpu per node": busy / total,
         **loop_summary(loops),
     }
 
@@ -173,9 +187,8 @@ def main() -> int:
         for round_ in range(1, args.repeat + 1):
             measured = {}
             for kind, dag_id, dag_conf in (("plan", PLAN_DAG, conf), ("static", STATIC_DAG, {})):
-                measured[kind] = figures(
-                    bench, batch(bench, dag_id, dag_conf, args.runs), n_nodes, args.slots, args.sleep
-                )
+                runs, busy = batch(bench, dag_id, dag_conf, args.runs)
+                measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy)
                 log(f"round {round_} {kind}: {measured[kind]['nodes/min']:.0f} nodes/min")
             rounds.append(measured)
             header = [
@@ -212,6 +225,7 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         ("tool share of slot time", "tool share of slot time", "{:.0%}"),
         ("peak node task processes (pool)", "peak slots", "{:.0f}"),
         ("peak tool calls at once", "peak tools", "{:.0f}"),
+        ("machine CPU s per node (every process)", "machine cpu per node", "{:.3f}"),
         ("scheduler loop ms, median", "loop ms", "{:.0f}"),
         ("scheduler loop ms, p95", "loop p95 ms", "{:.0f}"),
     ]

@@ -345,6 +345,10 @@ class PlanNodeOperator(BaseOperator):
             checkpoints=self.checkpoints,
             made_way=int(context.get("task_reschedule_count") or 0),
             task_cap=self.max_active_tis_per_dagrun,
+            checkpoint_keys={p.id: run.key(run.plan.node(p.id)) for p in run.brief.parents}
+            if self.checkpoints
+            else {},
+            artifact_store=self.artifact_store,
         )
         move = waiting.wait()
         if move.kind is Wait.READY:

@@ -39,6 +39,9 @@ class SlotWait:
         metadata database), so the node starts without waiting for those.
     :param made_way: how many times the node made way already (Airflow's reschedule count).
     :param task_cap: the node task's ``max_active_tis_per_dagrun``.
+    :param checkpoint_keys: each parent → the key of its checkpoint, for the trigger to look for them
+        while the node is deferred (empty when the DAG keeps no checkpoints).
+    :param artifact_store: the store the checkpoints are in (None: the default store).
     """
 
     ti: Any
@@ -50,6 +53,8 @@ class SlotWait:
     checkpoints: bool = True
     made_way: int = 0
     task_cap: int | None = None
+    checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
+    artifact_store: str | None = None
     picked: dict[str, NodeRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,11 +110,18 @@ class SlotWait:
 
     def trigger(self) -> ParentsFinishedTrigger:
         """The trigger that waits for the parents while the node is deferred."""
+        checkpoints = {}
+        for parent in self.parent_ids:
+            task, index = self.brief.location(parent)
+            if parent in self.checkpoint_keys:
+                checkpoints[f"{self.prefix}{task}_{index}"] = self.checkpoint_keys[parent]
         return ParentsFinishedTrigger(
             dag_id=self.ti.dag_id,
             run_id=self.ti.run_id,
             parents=self.tasks,
             poll_interval=self.policy.trigger_poll,
+            checkpoints=checkpoints,
+            artifact_store=self.artifact_store,
         )
 
     def wait(self) -> Move:

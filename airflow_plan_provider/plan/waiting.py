@@ -22,9 +22,11 @@ instance states of its parents (and their parents) and asks :meth:`WaitingPolicy
 
 A deferred node's trigger asks :meth:`WaitingPolicy.trigger_move` after each read: ``READY`` and
 ``MAKE_WAY`` end the deferral (the node resumes and asks :meth:`~WaitingPolicy.next_move` again); None
-keeps it waiting. A read that fails (the API server restarting, the metadata database away) is a rule
-of the policy too (:meth:`WaitingPolicy.after_failed_read`): read again after a growing pause while the
-in-slot bound lasts, then wait on the triggerer; a failed read never fails the node.
+keeps it waiting, and while every unfinished parent runs (:meth:`WaitingPolicy.trigger_watches`) the
+trigger looks for their checkpoints until its next read: all found is ``READY`` too. A read that fails
+(the API server restarting, the metadata database away) is a rule of the policy too
+(:meth:`WaitingPolicy.after_failed_read`): read again after a growing pause while the in-slot bound
+lasts, then wait on the triggerer; a failed read never fails the node.
 
 Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pools, the DAG's
 ``max_active_tasks``, the executor's parallelism) and however parents retry:
@@ -334,6 +336,20 @@ class WaitingPolicy:
         """
         kind = self.parents_wait(states, waited=0.0)
         return kind if kind in (Wait.READY, Wait.MAKE_WAY) else None
+
+    def trigger_watches(self, states: Iterable[str | None]) -> bool:
+        """Whether a deferred node's trigger, waiting on after a read of its parents' states, looks for
+        their checkpoints until its next read (every :attr:`checkpoint_poll` seconds): when every
+        unfinished parent is running, so may be about to save its result. Every checkpoint of this run
+        found then counts as READY, as for a node waiting in its slot, without waiting for the parents'
+        records, their tasks' ends and the next read.
+
+        >>> policy = WaitingPolicy()
+        >>> policy.trigger_watches(["success", "running"]), policy.trigger_watches(["running", "queued"])
+        (True, False)
+        """
+        unfinished = [state for state in states if state not in FINISHED]
+        return bool(unfinished) and all(state == "running" for state in unfinished)
 
     def job_timeout(self, timeout: float | None) -> float | None:
         """Airflow's timeout of a node deferred on its job whose tool allows ``timeout`` seconds."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_plan_provider.plan.waiting import WaitingPolicy
+from airflow_plan_provider.plan.waiting import FINISHED, Wait, WaitingPolicy
 
 POLICY = WaitingPolicy()
 log = logging.getLogger(__name__)
@@ -32,6 +32,13 @@ class ParentsFinishedTrigger(BaseTrigger):
     all have finished (``{"status": "ready"}``), or until one of them waits for a slot again
     (``{"status": "make_way"}``: the deferred node lets go of its task's cap, see the module docstring).
 
+    Between two reads, while every unfinished parent runs, the trigger looks for the parents'
+    checkpoints (``checkpoints``, in ``artifact_store``; :meth:`~.WaitingPolicy.trigger_watches`): a
+    parent saves one the moment its tool returns, before its record and its task's end reach the
+    metadata database, so when every unfinished parent saved one in this run the node is ready (it
+    resumes and starts on those, as a node waiting in its slot does). The triggers of one triggerer share
+    those looks too (:func:`shared_checkpoint`).
+
     The triggers of one triggerer waiting in the same run share their reads
     (:func:`shared_task_states`): one request per poll interval, however many nodes of the run wait. A
     read that fails (the API server or the metadata database away for a while) is read again after the
@@ -42,6 +49,9 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param run_id: the run whose task instances are waited for.
     :param parents: task id → the map indexes of that task to wait for.
     :param poll_interval: seconds between two reads of the task states.
+    :param checkpoints: each parent instance (``<task id>_<map index>``) → the key of its node's
+        checkpoint; empty when the DAG keeps none (the trigger then reads states only).
+    :param artifact_store: the store the checkpoints are in (None: the default store).
     """
 
     def __init__(
@@ -51,12 +61,16 @@ class ParentsFinishedTrigger(BaseTrigger):
         run_id: str,
         parents: Mapping[str, list[int]],
         poll_interval: float = POLICY.trigger_poll,
+        checkpoints: Mapping[str, str] | None = None,
+        artifact_store: str | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
         self.run_id = run_id
         self.parents = {task_id: list(indexes) for task_id, indexes in parents.items()}
         self.poll_interval = poll_interval
+        self.checkpoints = dict(checkpoints or {})
+        self.artifact_store = artifact_store
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -66,6 +80,8 @@ class ParentsFinishedTrigger(BaseTrigger):
                 "run_id": self.run_id,
                 "parents": self.parents,
                 "poll_interval": self.poll_interval,
+                "checkpoints": self.checkpoints,
+                "artifact_store": self.artifact_store,
             },
         )
 
@@ -94,15 +110,75 @@ class ParentsFinishedTrigger(BaseTrigger):
                 )
                 failures = 0
             move = POLICY.trigger_move(parent_states(states, self.run_id, self.parents))
+            if move is None and await self._saved_before_next_read(states):
+                move = Wait.READY
             if move is not None:
                 yield TriggerEvent({"status": move.value})
                 return
-            await asyncio.sleep(self.poll_interval)
+
+    async def _saved_before_next_read(self, states: Mapping[str, Any]) -> bool:
+        """Wait until the next read: looking, while the policy watches (every unfinished parent runs),
+        for the unfinished parents' checkpoints every ``checkpoint_poll`` seconds. True once every one
+        of them saved its result in this run."""
+        mine = states.get(self.run_id, {})
+        instances = [f"{task_id}_{index}" for task_id, indexes in self.parents.items() for index in indexes]
+        unfinished = [key for key in instances if mine.get(key) not in FINISHED]
+        until = time.monotonic() + self.poll_interval
+        watch = all(key in self.checkpoints for key in unfinished) and POLICY.trigger_watches(
+            mine.get(key) for key in instances
+        )
+        while watch:
+            looks = [
+                shared_checkpoint(self.checkpoints[key], self.run_id, self.artifact_store)
+                for key in unfinished
+            ]
+            if all(await asyncio.gather(*looks)):
+                return True
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(POLICY.checkpoint_poll, left))
+        await asyncio.sleep(max(0.0, until - time.monotonic()))
+        return False
 
 
 #: (event loop, dag id, run id, task ids) → (when it was asked for, the read): the parents triggers of
 #: one triggerer that wait in the same run share one read of their tasks' states per poll interval
 _READS: dict[tuple[object, str, str, tuple[str, ...]], tuple[float, asyncio.Future[Any]]] = {}
+
+
+#: (event loop, store, checkpoint key) → (when it was asked for, the look): the triggers of one triggerer
+#: looking for the same parent's checkpoint share one look per ``checkpoint_poll``
+_LOOKS: dict[tuple[object, str | None, str], tuple[float, asyncio.Future[str | None]]] = {}
+
+
+async def shared_checkpoint(key: str, run_id: str, artifact_store: str | None) -> bool:
+    """Whether the checkpoint ``key`` in ``artifact_store`` was saved in run ``run_id``, looked at once
+    for every trigger of this triggerer that asks within ``checkpoint_poll`` seconds of the first (the
+    children of one parent wait on the same checkpoint). A store that cannot be read just now tells
+    nothing (False): the states still do."""
+    now = time.monotonic()
+    for cached, (asked_at, _) in list(_LOOKS.items()):
+        if now - asked_at >= POLICY.checkpoint_poll:
+            del _LOOKS[cached]
+    cache_key = (asyncio.get_running_loop(), artifact_store, key)
+    if cache_key not in _LOOKS:
+        _LOOKS[cache_key] = (now, asyncio.ensure_future(asyncio.to_thread(_saved_in, key, artifact_store)))
+    saved_in = await asyncio.shield(_LOOKS[cache_key][1])
+    return saved_in == run_id
+
+
+def _saved_in(key: str, artifact_store: str | None) -> str | None:
+    """The run that saved checkpoint ``key`` (None: none saved, or the store not readable now)."""
+    from airflow_plan_provider import artifacts
+
+    try:
+        saved = artifacts.load_checkpoint(key, artifact_store)
+    except Exception as error:  # an object store's hiccup must not fail a waiting node
+        log.debug("checkpoint %s not read (%s)", key, error)
+        return None
+    run_id = saved.get("run_id") if saved is not None else None
+    return run_id if isinstance(run_id, str) else None
 
 
 async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float) -> Any:

@@ -118,6 +118,16 @@ def test_building_a_dag_warns_once_per_process_on_a_distributed_executor(
     warnings = [r.getMessage() for r in caplog.records if r.name == dag_factory.__name__]
     assert len(warnings) == 1 and warnings[0].startswith(CELERY_WARNING), warnings
 
+    # a task process parses the file for its task (Airflow's parsing context names it): no warning in
+    # every node's log, the planning task warns in its own
+    caplog.clear()
+    monkeypatch.setattr(dag_factory, "_checked_stores", set())
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "store_warning_1")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "nodes")
+    with caplog.at_level(logging.WARNING, logger=dag_factory.__name__):
+        _build("store_warning_1", tmp_path)
+    assert not [r for r in caplog.records if r.name == dag_factory.__name__]
+
     caplog.clear()
     monkeypatch.setattr(dag_factory, "_checked_stores", set())
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")

@@ -166,6 +166,8 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         run_id="manual__1",
         parents={NODES_TASK: [0, 2], lane_task_id("api"): [1]},
         poll_interval=0.5,
+        checkpoints={f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
+        artifact_store="s3://bucket/plans",
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
@@ -174,6 +176,8 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         "run_id": "manual__1",
         "parents": {NODES_TASK: [0, 2], lane_task_id("api"): [1]},
         "poll_interval": 0.5,
+        "checkpoints": {f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
+        "artifact_store": "s3://bucket/plans",
     }
     rebuilt = through_the_database(trigger)
     assert type(rebuilt) is ParentsFinishedTrigger
@@ -227,6 +231,65 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
         "run_ids": ["manual__1"],
     }
     validate_parents_event(events[0].payload)
+
+
+def test_parents_trigger_is_ready_once_its_running_parents_saved_their_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """While its parents run, the trigger looks for their checkpoints between two reads: the node is
+    ready once every unfinished parent saved one in this run, before the states say so (they say
+    running throughout here). A checkpoint saved by another run does not count."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    from airflow_plan_provider import artifacts
+
+    store = tmp_path.as_uri()
+    reads: list[float] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        reads.append(time.monotonic())
+        return {
+            "manual__1": {
+                f"{NODES_TASK}_0": "running",
+                f"{NODES_TASK}_1": "running",
+                f"{NODES_TASK}_2": "success",
+            }
+        }
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    keys = {f"{NODES_TASK}_0": "plan_dag/root/a/1f", f"{NODES_TASK}_1": "plan_dag/root/b/2e"}
+    artifacts.save_checkpoint(keys[f"{NODES_TASK}_0"], {"run_id": "manual__1", "output": 1}, store)
+    artifacts.save_checkpoint(
+        keys[f"{NODES_TASK}_1"], {"run_id": "manual__0", "output": 2}, store
+    )  # another run's
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan_dag",
+        run_id="manual__1",
+        parents={NODES_TASK: [0, 1, 2]},
+        poll_interval=0.5,
+        checkpoints=keys,
+        artifact_store=store,
+    )
+
+    async def parent_b_saves_later() -> Any:
+        started = time.monotonic()
+        events = trigger.run()
+        saving = asyncio.get_running_loop().call_later(
+            0.7,
+            artifacts.save_checkpoint,
+            keys[f"{NODES_TASK}_1"],
+            {"run_id": "manual__1", "output": 3},
+            store,
+        )
+        event = await asyncio.wait_for(anext(events), timeout=5)  # the states alone never say ready
+        saving.cancel()
+        return event, time.monotonic() - started
+
+    event, waited = asyncio.run(parent_b_saves_later())
+    assert event.payload == {"status": "ready"}
+    assert validate_parents_event(event.payload) == "ready"
+    # found between the second and the third read, not at a read
+    assert 0.7 <= waited < 1.0 and len(reads) == 2, (waited, reads)
 
 
 def test_parents_trigger_makes_way_when_a_parent_needs_a_slot_again(monkeypatch: pytest.MonkeyPatch) -> None:
