@@ -325,22 +325,27 @@ def plan_dag_source(
     max_nodes: int = 200,
     pool: str | None = None,
     node_cap: bool = True,
+    slot_wait: float | None = None,
     **dag: Any,
 ) -> str:
     """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
     = ``cap``: at most ``cap`` task instances hold a worker slot; ``max_active_nodes`` = ``max_nodes``,
     so no node task cap counts the nodes that wait on the triggerer), ``max_nodes`` (also the step budget),
-    ``pool`` and ``dag`` (more DAG arguments). Its planner returns the plan in the file of the bench's
-    plans folder (beside ``calls_folder``) that the run's conf names as ``plan_file``
-    (:meth:`Bench.handed_over`); it also runs a plan given in the run's conf itself. Its one tool
+    ``pool``, ``slot_wait`` (seconds; None: the provider's default) and ``dag`` (more DAG arguments).
+    Its planner returns the plan in the file of the bench's plans folder (beside ``calls_folder``) that
+    the run's conf names as ``plan_file`` (:meth:`Bench.handed_over`); it also runs a plan given in the
+    run's conf itself. Its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
     # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task
     execution = f"max_active_nodes={max(cap, max_nodes) if node_cap else None}, pool={pool!r}"
+    if slot_wait is not None:
+        execution += f", slot_wait=timedelta(seconds={slot_wait!r})"
     limits = f"max_nodes={max_nodes}"
     return textwrap.dedent(
         f'''
         """Bench: a plan DAG running the plan its planner reads from the file the run's conf names."""
         import time
+        from datetime import timedelta
         from pathlib import Path
 
         from airflow_plan_provider import Budgets, Limits, NodeExecution, build_plan_dag
