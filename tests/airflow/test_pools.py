@@ -217,6 +217,8 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
         "run_id": "r",
         "parents": {NODES_TASK: [0], lane_task_id(API): [1]},
         "poll_interval": 0.5,
+        "checkpoints": {},
+        "artifact_store": None,
     }
     states = {
         "r": {f"{NODES_TASK}_0": "success", f"{lane_task_id(API)}_1": "running", f"{NODES_TASK}_1": "failed"}
