@@ -88,6 +88,21 @@ class Session:
         return self.cluster.base_url + path
 
 
+def hold_nodes_after_planning(session: Session) -> bool:
+    """Once the root run's planning task has succeeded, take the default pool's one slot away, so that
+    the nodes still waiting for it wait until the test gives it back: a fast machine runs the whole run
+    within one of the page's refreshes (every 3 s), and the page could not be seen drawing the plan
+    before its nodes ran. True once the pool is held."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        tis = session.cluster.task_instances(DAG, session.root)
+        if any(ti["task_id"] == PLAN_TASK and ti.get("state") == "success" for ti in tis):
+            set_default_pool_slots(session.cluster, 0)
+            return True
+        time.sleep(0.1)
+    raise AssertionError(f"the planning task of {session.root} did not succeed in {WAIT} s")
+
+
 def set_default_pool_slots(cluster: AirflowCluster, slots: int) -> int:
     """Set the default pool's slots; returns how many it had."""
     had = cluster.api("GET", "/pools/default_pool")["slots"]
@@ -116,8 +131,8 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
     files = (*EXAMPLE_FILES, ROOT / "dags" / "plan_and_publish.py")
     with plan_cluster(base, files, [DAG, PUBLISH], env=env) as cluster:
         # the session waits, queued, until the first test has its page open (it unpauses the DAG); its
-        # nodes then run one at a time, so their states change across several of the page's refreshes
-        # however fast the tools are
+        # nodes then run one at a time, held until the page has drawn the plan
+        # (hold_nodes_after_planning), so their states change across several of the page's refreshes
         cluster.pause(DAG)
         pool_slots = set_default_pool_slots(cluster, 1)
         root = cluster.trigger(DAG, {"goal": GOAL})
@@ -276,6 +291,7 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
         assert_clean(browser, "the Plan tab of a queued session")
         browser.execute_script("window.openedOnce = true;")
         session.start()
+        held = hold_nodes_after_planning(session)  # until the tab has drawn the plan before its nodes ran
         seen: list[dict[str, str]] = []
         runs_seen: set[int] = set()
         shown_while_running: set[str] = set()
@@ -291,6 +307,9 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
                 seen.append(states)
                 if len(seen) == 1:
                     shot(browser, "00_plan_tab_while_running")
+            if held and states and any(state != "success" for state in states.values()):
+                set_default_pool_slots(session.cluster, 1)  # the nodes go on, one at a time
+                held = False
             runs_seen.add(snapshot["runs"])
             if snapshot["finished"] == "true":
                 break
