@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -157,15 +158,25 @@ async def shared_checkpoint(key: str, run_id: str, artifact_store: str | None) -
     for every trigger of this triggerer that asks within ``checkpoint_poll`` seconds of the first (the
     children of one parent wait on the same checkpoint). A store that cannot be read just now tells
     nothing (False): the states still do."""
+    look = partial(asyncio.to_thread, _saved_in, key, artifact_store)
+    saved_in = await _shared(
+        _LOOKS, (asyncio.get_running_loop(), artifact_store, key), POLICY.checkpoint_poll, look
+    )
+    return bool(saved_in == run_id)
+
+
+async def _shared(
+    cache: dict[Any, tuple[float, Any]], key: Any, max_age: float, start: Callable[[], Any]
+) -> Any:
+    """The result of the work ``start()`` begins, done once for every caller that asks under ``key``
+    within ``max_age`` seconds of the first (``cache`` holds when each was asked for, and the work)."""
     now = time.monotonic()
-    for cached, (asked_at, _) in list(_LOOKS.items()):
-        if now - asked_at >= POLICY.checkpoint_poll:
-            del _LOOKS[cached]
-    cache_key = (asyncio.get_running_loop(), artifact_store, key)
-    if cache_key not in _LOOKS:
-        _LOOKS[cache_key] = (now, asyncio.ensure_future(asyncio.to_thread(_saved_in, key, artifact_store)))
-    saved_in = await asyncio.shield(_LOOKS[cache_key][1])
-    return saved_in == run_id
+    for cached, (asked_at, _) in list(cache.items()):
+        if now - asked_at >= max_age:
+            del cache[cached]
+    if key not in cache:
+        cache[key] = (now, asyncio.ensure_future(start()))
+    return await asyncio.shield(cache[key][1])
 
 
 def _saved_in(key: str, artifact_store: str | None) -> str | None:
@@ -190,14 +201,10 @@ async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], 
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
     from asgiref.sync import sync_to_async
 
-    now = time.monotonic()
-    for key, (asked_at, _) in list(_READS.items()):
-        if now - asked_at >= max_age:
-            del _READS[key]
-    key = (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids))
-    if key not in _READS:
-        read = sync_to_async(RuntimeTaskInstance.get_task_states)(
-            dag_id=dag_id, task_ids=list(task_ids), run_ids=[run_id]
-        )
-        _READS[key] = (now, asyncio.ensure_future(read))
-    return await asyncio.shield(_READS[key][1])
+    read = partial(
+        sync_to_async(RuntimeTaskInstance.get_task_states),
+        dag_id=dag_id,
+        task_ids=list(task_ids),
+        run_ids=[run_id],
+    )
+    return await _shared(_READS, (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids)), max_age, read)
