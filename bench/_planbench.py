@@ -261,6 +261,18 @@ def _log(node, key, event):
 """
 
 
+# the static DAG's head and tail tasks (static_dag_source(bookends=True)), inside its ``with DAG`` block
+BOOKENDS = """\
+    head = PythonOperator(task_id="head", python_callable=print, pool="default_pool")
+    tail = PythonOperator(task_id="tail", python_callable=print, pool="default_pool", trigger_rule="all_done")
+    for op in ops.values():
+        if not op.upstream_task_ids:
+            head >> op
+        if not op.downstream_task_ids:
+            op >> tail
+"""
+
+
 def static_dag_source(
     dag_id: str,
     plan: Plan,
@@ -270,11 +282,16 @@ def static_dag_source(
     *,
     pool: str | None = None,
     max_active_runs: int = 16,
+    bookends: bool = False,
 ) -> str:
     """An ordinary Airflow DAG with one PythonOperator per plan node (sleeping its seconds times the run
     conf's ``scale``) and the plan's edges as task dependencies, ``max_active_tasks=cap``, every task in
     ``pool`` if given. Imports Airflow and the stdlib only; logs each sleep to the same call log as the
-    plan DAG's tools."""
+    plan DAG's tools.
+
+    ``bookends``: the DAG has the shape of a plan DAG's run too, a task before every node (``head``) and
+    one after them all (``tail``, trigger rule ``all_done``), both in the default pool as the plan DAG's
+    planning and finalize tasks are, and each doing nothing: what that shape costs on its own."""
     kwargs: dict[str, Any] = {
         "schedule": None,
         "catchup": False,
@@ -315,6 +332,7 @@ def static_dag_source(
                     ops[source] >> ops[target]
             """
         )
+        + (BOOKENDS if bookends else "")
     )
 
 

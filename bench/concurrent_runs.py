@@ -8,7 +8,10 @@ session share 8 slots; its plan and finalize tasks use the default pool. The sta
 ``PythonOperator`` per node, the plan's edges as dependencies, every task in the same pool. Executor
 ``parallelism`` is 16 (and ``max_active_nodes`` above it) so that the pool, not the executor, is the
 binding limit. A round triggers ``--runs`` plan sessions back to back and waits for all of them, then
-``--runs`` static runs the same way; ``--repeat`` rounds, medians printed.
+``--runs`` static runs the same way; ``--repeat`` rounds, medians printed. With ``--bookends`` each
+round has a third batch: the static DAG with a task before its nodes and one after them (``head`` and
+``tail``, in the default pool, doing nothing), the shape of a plan run without a planner, a node
+protocol or a result: what two more task instances per run cost on their own.
 
 Printed per DAG: throughput in nodes per minute over the window from the first task start to the last
 task end, its ratio to the static DAG's, the ideal for the pool (node-seconds / slots), pool
@@ -51,9 +54,11 @@ from _planbench import (
     static_dag_source,
     work_plan,
 )
+from _proc import breakdown, snapshot
 from _statsd import SCHEDULER_LOOP, loop_summary
 
 PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
+BOOKENDS_DAG = "bench_concurrent_bookends"
 POOL = "bench_pool"
 LAYERS, WIDTH = 4, 5
 PARALLELISM = 16
@@ -78,11 +83,13 @@ def machine_cpu_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
-def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> tuple[list[Run], float]:
-    """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended, and the CPU seconds
-    the machine spent meanwhile."""
+def batch(
+    bench: Bench, dag_id: str, conf: dict[str, Any], runs: int
+) -> tuple[list[Run], float, dict[str, float]]:
+    """``runs`` runs of ``dag_id`` triggered back to back, once all of them ended, the CPU seconds the
+    machine spent meanwhile, and the CPU seconds of each part of the cluster (:mod:`_proc`)."""
     assert bench.cluster is not None
-    t_first, busy = time.time(), machine_cpu_seconds()
+    t_first, busy, procs = time.time(), machine_cpu_seconds(), snapshot()
     conf = bench.handed_over(conf)
     triggered = [(bench.cluster.trigger(dag_id, conf), time.time()) for _ in range(runs)]
     out = []
@@ -90,13 +97,21 @@ def batch(bench: Bench, dag_id: str, conf: dict[str, Any], runs: int) -> tuple[l
         state = bench.cluster.wait_for_run(dag_id, run_id, timeout=1200, poll=1.0)
         out.append(bench.collect(dag_id, run_id, t_trigger, state))
     log(f"{dag_id}: {runs} runs ended {time.time() - t_first:.0f}s after the first trigger")
-    return out, machine_cpu_seconds() - busy
+    parts = breakdown(procs, snapshot(), bench.cluster.pids)
+    return out, machine_cpu_seconds() - busy, dict(parts)
 
 
 def figures(
-    bench: Bench, runs: list[Run], n_nodes: int, slots: int, sleep: float, busy: float
+    bench: Bench,
+    runs: list[Run],
+    n_nodes: int,
+    slots: int,
+    sleep: float,
+    busy: float,
+    parts: dict[str, float],
 ) -> dict[str, Any]:
-    """One batch's figures (JSON-able); ``busy``: the machine's CPU seconds during the batch."""
+    """One batch's figures (JSON-able); ``busy``: the machine's CPU seconds during the batch, ``parts``
+    the CPU seconds of each part of the cluster."""
     node_tis = [(run, ti) for run in runs for ti in run.node_tis().values()]
     # slots a node task holds: one period per task process (a deferral gives the slot back)
     segments = [s for run, ti in node_tis for s in bench.process_segments(run, ti)]
@@ -124,6 +139,7 @@ def figures(
         "peak tools": peak_overlap(tools),
         "per worker": dict(Counter(str(ti.get("hostname") or "?") for _, ti in node_tis)),
         "machine cpu per node": busy / total,
+        "cpu per node by part": {part: seconds / total for part, seconds in parts.items()},
         **loop_summary(loops),
     }
 
@@ -137,6 +153,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="rounds of (plan batch, static batch)")
     parser.add_argument(
         "--celery-workers", type=int, default=0, help="run the CeleryExecutor with this many workers"
+    )
+    parser.add_argument(
+        "--bookends",
+        action="store_true",
+        help="a third batch per round: the static DAG with a task before and after its nodes (what a plan"
+        " run's shape costs on its own)",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
@@ -164,6 +186,22 @@ def main() -> int:
             STATIC_DAG, plan, seconds, bench.calls, PARALLELISM, pool=POOL, max_active_runs=args.runs
         ),
     )
+    kinds = [("plan", PLAN_DAG, True), ("static", STATIC_DAG, False)]
+    if args.bookends:
+        bench.write_dag(
+            BOOKENDS_DAG,
+            static_dag_source(
+                BOOKENDS_DAG,
+                plan,
+                seconds,
+                bench.calls,
+                PARALLELISM,
+                pool=POOL,
+                max_active_runs=args.runs,
+                bookends=True,
+            ),
+        )
+        kinds.append(("bookends", BOOKENDS_DAG, False))
     workers = [f"worker-{chr(ord('a') + i)}" for i in range(args.celery_workers)]
     per_worker = PARALLELISM // len(workers) if workers else None
     executor = f"CeleryExecutor, {len(workers)} workers of {per_worker} slots" if workers else "LocalExecutor"
@@ -171,7 +209,7 @@ def main() -> int:
     try:
         cluster = bench.start(
             parallelism=PARALLELISM,
-            dag_ids=[PLAN_DAG, STATIC_DAG],
+            dag_ids=[dag_id for _, dag_id, _ in kinds],
             celery_workers=workers,
             worker_concurrency=per_worker,
         )
@@ -182,13 +220,13 @@ def main() -> int:
         )
         conf = {"goal": plan["goal"], "plan": work_plan(plan, seconds)}
         # one unmeasured session and static run: every worker process has started
-        batch(bench, PLAN_DAG, conf, 1)
-        batch(bench, STATIC_DAG, {}, 1)
+        for _, dag_id, planned in kinds:
+            batch(bench, dag_id, conf if planned else {}, 1)
         for round_ in range(1, args.repeat + 1):
             measured = {}
-            for kind, dag_id, dag_conf in (("plan", PLAN_DAG, conf), ("static", STATIC_DAG, {})):
-                runs, busy = batch(bench, dag_id, dag_conf, args.runs)
-                measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy)
+            for kind, dag_id, planned in kinds:
+                runs, busy, parts = batch(bench, dag_id, conf if planned else {}, args.runs)
+                measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy, parts)
                 log(f"round {round_} {kind}: {measured[kind]['nodes/min']:.0f} nodes/min")
             rounds.append(measured)
             header = [
@@ -229,16 +267,37 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         ("scheduler loop ms, median", "loop ms", "{:.0f}"),
         ("scheduler loop ms, p95", "loop p95 ms", "{:.0f}"),
     ]
-    print(f"  {'':<48}{'plan':>10}{'static':>10}{'plan/static':>13}")
+    kinds = [kind for kind in ("plan", "static", "bookends") if all(kind in r for r in rounds)]
+    # the ratios printed: plan / static, and with bookends, bookends / static and plan / bookends
+    ratios = [("plan", "static")] + (
+        [("bookends", "static"), ("plan", "bookends")] if "bookends" in kinds else []
+    )
+    print(
+        f"  {'':<48}"
+        + "".join(f"{kind:>10}" for kind in kinds)
+        + "".join(f"{f'{a}/{b}':>16}" for a, b in ratios)
+    )
     for label, key, form in rows:
-        if not all(
-            key in r[kind] and r[kind][key] is not None for r in rounds for kind in ("plan", "static")
-        ):
+        if not all(key in r[kind] and r[kind][key] is not None for r in rounds for kind in kinds):
             continue
-        plan, static = med("plan", key), med("static", key)
-        ratio = f"{plan / static:.2f}" if static else "-"
-        print(f"  {label:<48}{form.format(plan):>10}{form.format(static):>10}{ratio:>13}")
-    for kind in ("plan", "static"):
+        values = {kind: med(kind, key) for kind in kinds}
+        cells = "".join(f"{form.format(values[kind]):>10}" for kind in kinds)
+        shares = "".join(f"{values[a] / values[b]:>16.2f}" if values[b] else f"{'-':>16}" for a, b in ratios)
+        print(f"  {label:<48}{cells}{shares}")
+    parts = sorted({p for r in rounds for kind in kinds for p in r[kind].get("cpu per node by part", {})})
+    if parts:
+        print("  CPU ms per node, by part of the cluster (/proc; medians)")
+        for part in parts:
+            values = {
+                kind: median(r[kind].get("cpu per node by part", {}).get(part, 0.0) for r in rounds)
+                for kind in kinds
+            }
+            cells = "".join(f"{values[kind] * 1000:>10.1f}" for kind in kinds)
+            shares = "".join(
+                f"{values[a] / values[b]:>16.2f}" if values[b] else f"{'-':>16}" for a, b in ratios
+            )
+            print(f"    {part:<46}{cells}{shares}")
+    for kind in kinds:
         spans = [r[kind]["makespan min/median/max"] for r in rounds]
         print(
             f"  {kind}: per-run makespan min / median / max "
@@ -255,6 +314,12 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         f" {ideal:.0f} nodes/min; pool limit held: "
         + ("yes" if all(r[k]["peak slots"] <= r[k]["pool slots"] for r in rounds for k in r) else "NO")
     )
+    if "bookends" in kinds:
+        bookends_rate = med("bookends", "nodes/min")
+        print(
+            f"  throughput of the static DAG with a task before and after its nodes / static:"
+            f" {bookends_rate / static_rate:.2f} x; plan / that: {plan_rate / bookends_rate:.2f} x"
+        )
 
 
 if __name__ == "__main__":
