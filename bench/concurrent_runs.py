@@ -8,7 +8,8 @@ session share 8 slots; its plan and finalize tasks use the default pool. The sta
 ``PythonOperator`` per node, the plan's edges as dependencies, every task in the same pool. Executor
 ``parallelism`` is 16 (and ``max_active_nodes`` above it) so that the pool, not the executor, is the
 binding limit. A round triggers ``--runs`` plan sessions back to back and waits for all of them, then
-``--runs`` static runs the same way; ``--repeat`` rounds, medians printed. With ``--bookends`` each
+``--runs`` static runs the same way; ``--repeat`` rounds (every other one in the reverse order), medians
+printed. With ``--bookends`` each
 round has a third batch: the static DAG with a task before its nodes and one after them (``head`` and
 ``tail``, in the default pool, doing nothing), the shape of a plan run without a planner, a node
 protocol or a result: what two more task instances per run cost on their own.
@@ -224,7 +225,9 @@ def main() -> int:
             batch(bench, dag_id, conf if planned else {}, 1)
         for round_ in range(1, args.repeat + 1):
             measured = {}
-            for kind, dag_id, planned in kinds:
+            # every other round in the reverse order, so that a drift of the machine over the rounds
+            # (its load, the database's tables growing) weighs on every DAG alike
+            for kind, dag_id, planned in kinds if round_ % 2 else kinds[::-1]:
                 runs, busy, parts = batch(bench, dag_id, conf if planned else {}, args.runs)
                 measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy, parts)
                 log(f"round {round_} {kind}: {measured[kind]['nodes/min']:.0f} nodes/min")
@@ -307,6 +310,16 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
             + "; nodes per worker (last round) "
             + ", ".join(f"{k} {v}" for k, v in sorted(rounds[-1][kind]["per worker"].items()))
         )
+    print(
+        "  plan / static by round: "
+        + ", ".join(f"{r['plan']['nodes/min'] / r['static']['nodes/min']:.2f}" for r in rounds)
+        + (
+            "; static with bookends / static by round: "
+            + ", ".join(f"{r['bookends']['nodes/min'] / r['static']['nodes/min']:.2f}" for r in rounds)
+            if "bookends" in kinds
+            else ""
+        )
+    )
     ideal = rounds[0]["plan"]["ideal nodes/min"]
     plan_rate, static_rate = med("plan", "nodes/min"), med("static", "nodes/min")
     print(
