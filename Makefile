@@ -49,6 +49,10 @@ $(VENV)/.installed: pyproject.toml $(AIRFLOW_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' $(AIRFLOW_PIN)
+	@# setuptools leaves the build's egg-info in the checkout, where a process with the checkout on its
+	@# path (the tests' clusters) would find the plugin's entry point twice: Airflow then records
+	@# "Plugin 'plan_view' already registered" as a plugin import error. The install does not need it.
+	rm -rf airflow_plan_provider.egg-info
 	touch $@
 
 demo: $(VENV)/.installed

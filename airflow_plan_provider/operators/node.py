@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -50,6 +52,12 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_plan_provider.plan.waiting import WaitingPolicy
+
+#: Seconds a node instance runs before it sends Airflow its label (``id · action``) for the grid. A node
+#: that ends sooner has its label set with its final state, one execution-API request fewer (a task that
+#: lasts less than the grid's few seconds between refreshes is seldom seen running anyway); one that
+#: defers, makes way or waits for a retry sends it as it stops, since those states do not carry it.
+LABEL_AFTER = 2.0
 
 # The waiting policy and its reads, the triggers' payload checks and the asynchronous jobs' helpers are
 # imported by the nodes that need them (a node with parents, a resumed node, a job's node): every task
@@ -200,7 +208,8 @@ class PlanNodeOperator(BaseOperator):
     the brief itself, or in a node task of more than 32 instances the node's label (``id · action``),
     and the node then reads its brief from its group, the one XCom it reads to start
     (:func:`~airflow_plan_provider.contract.mapped_values`). Either way the instance's label in the grid
-    is ``id · action`` (:attr:`instance_label`).
+    is ``id · action`` (:attr:`instance_label`): sent to Airflow once the instance has run for
+    :data:`LABEL_AFTER` seconds or stops to wait, and otherwise with its final state.
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -248,6 +257,9 @@ class PlanNodeOperator(BaseOperator):
         self.artifact_store = artifact_store
         self.artifact_threshold = artifact_threshold
         self.resolved_params: Any = None
+        self._label = ""  # this instance's label, known once it starts (see instance_label)
+        self._label_sent = False
+        self._label_timer: threading.Timer | None = None
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -263,12 +275,57 @@ class PlanNodeOperator(BaseOperator):
 
     @property
     def instance_label(self) -> str:
-        """This instance's label, ``id · action`` (its ``map_index_template``), from its mapped value."""
-        return mapped_label(self.plan_node) or ""
+        """This instance's label, ``id · action`` (its ``map_index_template``), from its mapped value; empty
+        until the node starts, so that Airflow does not send it before ``execute`` (see
+        :meth:`_labelled_when_seen`)."""
+        return self._label
+
+    @contextmanager
+    def _labelled_when_seen(self) -> Iterator[None]:
+        """Around what the instance does in its process: send its label once it has run for
+        :data:`LABEL_AFTER` seconds (from a timer thread: Airflow's channel to the supervisor takes one
+        message at a time), or when it stops to wait (deferred, rescheduled, up for retry: states whose
+        message carries no label). A node that succeeds, skips or fails before that has the label set
+        with its final state."""
+        if self._label_timer is not None:  # already around (a resumed node runs execute again)
+            yield
+            return
+        timer = threading.Timer(LABEL_AFTER, self._send_label)
+        timer.daemon = True
+        self._label_timer = timer
+        timer.start()
+        try:
+            yield
+        except (AirflowSkipException, AirflowFailException):
+            raise  # a final state: its message carries the label
+        except BaseException:
+            self._send_label()
+            raise
+        finally:
+            timer.cancel()
+            self._label_timer = None
+
+    def _send_label(self) -> None:
+        """Send this instance's label to Airflow, once. Never raises: at worst the grid shows the map
+        index until the instance ends."""
+        if self._label_sent or not self._label:
+            return
+        self._label_sent = True
+        try:
+            from airflow.sdk.execution_time.comms import SetRenderedMapIndex
+            from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+            SUPERVISOR_COMMS.send(SetRenderedMapIndex(rendered_map_index=self._label))
+        except Exception as error:
+            self.log.debug("the node's label was not sent (%s); it comes with the final state", error)
 
     def _start(self, context: Context) -> NodeRun:
         ti = context["ti"]
         mapped = self.plan_node
+        self._label = mapped_label(mapped) or ""
+        if self._label and hasattr(ti, "rendered_map_index"):
+            # what the final state's message carries; rendered again after execute, the same: not re-sent
+            ti.rendered_map_index = self._label
         node_id = labelled_node(mapped_label(mapped))
         try:
             brief = NodeBrief.model_validate(mapped) if isinstance(mapped, dict) else pull_brief(ti)
@@ -287,12 +344,13 @@ class PlanNodeOperator(BaseOperator):
         return NodeRun(ti, brief, self)
 
     def execute(self, context: Context) -> None:
-        run = self._start(context)
-        picked = self._await_parents(run, context)  # a parent still running has no record yet
-        unpicked = {p.id: run.brief.location(p.id) for p in run.brief.parents if p.id not in picked}
-        records = {**pull_records_at(run.ti, unpicked), **picked}
-        step = run.step(records, _ToolsWhenNeeded(self.tools))
-        self._act(run, step.run())
+        with self._labelled_when_seen():
+            run = self._start(context)
+            picked = self._await_parents(run, context)  # a parent still running has no record yet
+            unpicked = {p.id: run.brief.location(p.id) for p in run.brief.parents if p.id not in picked}
+            records = {**pull_records_at(run.ti, unpicked), **picked}
+            step = run.step(records, _ToolsWhenNeeded(self.tools))
+            self._act(run, step.run())
 
     def _act(self, run: NodeRun, outcome: StepOutcome) -> None:
         """Do in Airflow's terms what the node's step ended with: push its record, then succeed, skip
@@ -389,13 +447,14 @@ class PlanNodeOperator(BaseOperator):
     def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
         look at the parents again. An event the trigger cannot have sent fails the node, naming the fault."""
-        try:
-            from airflow_plan_provider.triggers.payloads import validate_parents_event
+        with self._labelled_when_seen():
+            try:
+                from airflow_plan_provider.triggers.payloads import validate_parents_event
 
-            validate_parents_event(event)
-        except TriggerEventError as error:
-            raise self._start(context).fail(str(error)) from error
-        self.execute(context)
+                validate_parents_event(event)
+            except TriggerEventError as error:
+                raise self._start(context).fail(str(error)) from error
+            self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:
         """Wait for an asynchronous tool's job on the triggerer (:class:`ToolJobTrigger`), holding no
@@ -430,18 +489,19 @@ class PlanNodeOperator(BaseOperator):
         """Resumed by :class:`~airflow_plan_provider.triggers.job.ToolJobTrigger`: record the job's result,
         or fail the node with its reason. An event the trigger cannot have sent (none, an unknown status,
         a done event without its result) fails the node too, naming the fault."""
-        run = self._start(context)
-        ti = run.ti
-        saved = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
-        try:
-            from airflow_plan_provider.triggers.payloads import validate_job_event
+        with self._labelled_when_seen():
+            run = self._start(context)
+            ti = run.ti
+            saved = ti.xcom_pull(task_ids=ti.task_id, key=POLLING_KEY, map_indexes=ti.map_index) or {}
+            try:
+                from airflow_plan_provider.triggers.payloads import validate_job_event
 
-            job, malformed = validate_job_event(event), False
-        except TriggerEventError as error:
-            from airflow_plan_provider.tools.jobs import JobOutcome
+                job, malformed = validate_job_event(event), False
+            except TriggerEventError as error:
+                from airflow_plan_provider.tools.jobs import JobOutcome
 
-            job, malformed = JobOutcome("failed", reason=str(error)), True
-        self._act(run, run.step().job_ended(JobWait.from_saved(saved), job, malformed=malformed))
+                job, malformed = JobOutcome("failed", reason=str(error)), True
+            self._act(run, run.step().job_ended(JobWait.from_saved(saved), job, malformed=malformed))
 
 
 def _hostname(ti: Any) -> str:

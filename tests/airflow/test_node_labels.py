@@ -15,6 +15,7 @@ from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.contract import BRIEFS_PER_XCOM, NODES_TASK, PLAN_TASK, briefs_key, mapped_label
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import _task_instances, run_plan_dag
+from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
 from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow
@@ -106,3 +107,43 @@ def test_a_node_reads_its_brief_and_not_the_plan(tmp_path: Path, monkeypatch, wi
     first, *rest = xcom(run, PLAN_TASK)  # the labels, in run order: a first
     assert first == "a · sum {{ 7 * 7 }} and {% raw %}"
     assert sorted(rest) == sorted(f"n{i} · next" for i in range(width - 1))
+
+
+def test_a_node_sends_its_label_while_it_runs_only_once_it_has_run_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that ends within ``LABEL_AFTER`` seconds has its label set with its final state (one
+    execution-API request fewer); one that runs longer has it in Airflow's records while it still runs.
+    Each tool looks at its own instance's label in the metadata database as it ends."""
+    import time
+
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.operators import node as node_operator
+
+    monkeypatch.setattr(node_operator, "LABEL_AFTER", 0.5)
+    dag_id = "node_labels_late"
+    seen: dict[str, str | None] = {}  # node → its instance's label in the database as its tool ended
+    registry = ToolRegistry()
+
+    @registry.tool(description="sleep, then look at this instance's label in the metadata database")
+    def nap(seconds: float, *, ctx: ToolContext) -> float:
+        time.sleep(seconds)
+        (ti,) = [
+            ti
+            for ti in _task_instances(dag_id, ctx.run_id)
+            if ti.task_id == NODES_TASK and str(ti.rendered_map_index or "").startswith(ctx.node_id)
+        ] or [None]
+        seen[ctx.node_id] = None if ti is None else ti.rendered_map_index
+        return seconds
+
+    plan = {
+        "nodes": [
+            {"id": "quick", "action": "nap briefly", "tool": "nap", "params": {"seconds": 0.0}},
+            {"id": "long", "action": "nap a while", "tool": "nap", "params": {"seconds": 2.0}},
+        ]
+    }
+    run = run_plan_dag(build_plan_dag(dag_id, planner=None, tools=registry), {"goal": "labels", "plan": plan})
+    assert str(run.state) == "success"
+    assert seen == {"quick": None, "long": "long · nap a while"}
+    shown = {ti.rendered_map_index for ti in _task_instances(dag_id, run.run_id) if ti.task_id == NODES_TASK}
+    assert shown == {"quick · nap briefly", "long · nap a while"}  # both, once they ended

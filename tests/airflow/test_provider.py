@@ -53,3 +53,34 @@ def test_example_dags_import_without_errors():
     assert {"plan_and_execute", "plan_and_execute_llm"} <= set(bag.dag_ids)
     dag = bag.dags["plan_and_execute"]
     assert set(dag.params.keys()) >= {"goal", "plan", "max_replans", "max_steps"}
+
+
+# Airflow's plugin import errors (what its UI lists under plugins), as a process that loads the plugins
+# has them; get_import_errors since Airflow 3.2, the module's import_errors before
+PLUGIN_IMPORT_ERRORS = """
+import json
+from airflow import plugins_manager
+if hasattr(plugins_manager, "get_import_errors"):
+    errors = plugins_manager.get_import_errors()
+else:
+    plugins_manager.ensure_plugins_loaded()
+    errors = plugins_manager.import_errors
+print(json.dumps({str(source): str(error) for source, error in errors.items()}))
+"""
+
+
+@pytest.mark.airflow
+def test_airflow_loads_the_plan_view_plugin_with_no_error_with_the_checkout_on_its_path():
+    """A process with the checkout on its path (the tests' clusters, the benchmarks') sees the installed
+    package; a build's egg-info left in the checkout would show Airflow the plugin's entry point a second
+    time, which Airflow logs and lists as a plugin import error ("Plugin 'plan_view' already
+    registered"). ``make`` removes it after the editable install."""
+    result = subprocess.run(
+        [sys.executable, "-c", PLUGIN_IMPORT_ERRORS],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {}
