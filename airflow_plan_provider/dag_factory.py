@@ -76,7 +76,8 @@ from airflow_plan_provider.tools.registry import (
 if TYPE_CHECKING:
     from airflow_plan_provider.planners.base import Planner
 
-# an instance's label, ``id · action``, from its mapped value (contract.mapped_label), set when it starts
+# an instance's label, ``id · action``, from its mapped value (contract.mapped_label); when Airflow gets it:
+# PlanNodeOperator.instance_label
 MAP_INDEX_TEMPLATE = "{{ task.instance_label }}"
 
 log = logging.getLogger(__name__)
