@@ -255,6 +255,18 @@ def load_checkpoint(key: str, base_url: str | None = None) -> dict[str, Any] | N
     return verified
 
 
+def checkpoint_of_run(key: str, run_id: str, base_url: str | None = None) -> dict[str, Any] | None:
+    """The record saved for ``key`` if run ``run_id`` saved it, for a look at whether a running parent's
+    tool returned: None when none was saved, another run saved it, or the store cannot be read just now
+    (logged at debug level: a look must never fail the node that looks; the run's states still tell)."""
+    try:
+        saved = load_checkpoint(key, base_url)
+    except Exception as error:  # an object store's hiccup
+        log.debug("checkpoint %s not read (%s)", key, error)
+        return None
+    return saved if saved is not None and saved.get("run_id") == run_id else None
+
+
 def _verify_checkpoint(key: str, data: bytes) -> dict[str, Any] | str:
     """The verified record in a checkpoint's bytes, or what is wrong with them."""
     if len(data) > CHECKPOINT_LIMIT:

@@ -31,6 +31,8 @@ import os
 import sys
 import time
 
+from airflow_plan_provider import airflow_features
+
 log = logging.getLogger(__name__)
 
 #: What a node task (and the plan DAG's other tasks) import when they parse and run: the DAG factory
@@ -39,8 +41,11 @@ TASK_MODULES = (
     "airflow_plan_provider.dag_factory",
     "airflow_plan_provider.operators.node",
     "airflow_plan_provider.operators.node_wait",
+    "airflow_plan_provider.operators.retry",  # the node tasks' retry policy (Airflow 3.3), built in the parse
     "airflow_plan_provider.triggers.payloads",
     "airflow_plan_provider.tools.jobs",
+    # imported by Airflow when the parse expands the node task (MappedOperator._expand)
+    "airflow.providers.standard.operators.empty",
 )
 #: The scheduler's module. The scheduler and the processes it forks have it when they load the plugins.
 #: Another process that imported it before loading them would preload too, once, for nothing (about
@@ -85,6 +90,7 @@ def import_task_modules(for_whom: str) -> None:
         for name in TASK_MODULES:
             importlib.import_module(name)
         models = build_validators()
+        airflow_features.offered()  # what the parse asks of the installed Airflow, cached once
         preloaded_by = os.getpid()
         log.info(
             "imported %d modules and built %d validators for %s (%.0f ms of CPU)",

@@ -433,12 +433,9 @@ class PlanNodeOperator(BaseOperator):
         that cannot be read just now tells nothing: the parents' states still do."""
         records = {}
         for node_id in node_ids:
-            try:
-                saved = artifacts.load_checkpoint(run.key(run.plan.node(node_id)), self.artifact_store)
-            except Exception as error:  # an object store's hiccup must not fail a waiting node
-                self.log.debug("node %s: checkpoint of %s not read (%s)", run.node.id, node_id, error)
-                continue
-            if saved is not None and saved.get("run_id") == run.ti.run_id:
+            key = run.key(run.plan.node(node_id))
+            saved = artifacts.checkpoint_of_run(key, run.ti.run_id, self.artifact_store)
+            if saved is not None:
                 records[node_id] = NodeRecord(
                     node_id=node_id, status=NodeStatus.SUCCESS, **checkpointed(saved)
                 )

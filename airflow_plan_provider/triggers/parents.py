@@ -148,21 +148,26 @@ class ParentsFinishedTrigger(BaseTrigger):
 _READS: dict[tuple[object, str, str, tuple[str, ...]], tuple[float, asyncio.Future[Any]]] = {}
 
 
-#: (event loop, store, checkpoint key) → (when it was asked for, the look): the triggers of one triggerer
-#: looking for the same parent's checkpoint share one look per ``checkpoint_poll``
-_LOOKS: dict[tuple[object, str | None, str], tuple[float, asyncio.Future[str | None]]] = {}
+#: (event loop, store, checkpoint key, run id) → (when it was asked for, the look): the triggers of one
+#: triggerer looking for the same parent's checkpoint share one look per ``checkpoint_poll``
+_LOOKS: dict[tuple[object, str | None, str, str], tuple[float, asyncio.Future[bool]]] = {}
 
 
 async def shared_checkpoint(key: str, run_id: str, artifact_store: str | None) -> bool:
     """Whether the checkpoint ``key`` in ``artifact_store`` was saved in run ``run_id``, looked at once
     for every trigger of this triggerer that asks within ``checkpoint_poll`` seconds of the first (the
     children of one parent wait on the same checkpoint). A store that cannot be read just now tells
-    nothing (False): the states still do."""
-    look = partial(asyncio.to_thread, _saved_in, key, artifact_store)
-    saved_in = await _shared(
-        _LOOKS, (asyncio.get_running_loop(), artifact_store, key), POLICY.checkpoint_poll, look
+    nothing (False): the states still do (:func:`~airflow_plan_provider.artifacts.checkpoint_of_run`)."""
+    from airflow_plan_provider import artifacts
+
+    def look() -> bool:
+        return artifacts.checkpoint_of_run(key, run_id, artifact_store) is not None
+
+    started = partial(asyncio.to_thread, look)
+    found = await _shared(
+        _LOOKS, (asyncio.get_running_loop(), artifact_store, key, run_id), POLICY.checkpoint_poll, started
     )
-    return bool(saved_in == run_id)
+    return bool(found)
 
 
 async def _shared(
@@ -177,19 +182,6 @@ async def _shared(
     if key not in cache:
         cache[key] = (now, asyncio.ensure_future(start()))
     return await asyncio.shield(cache[key][1])
-
-
-def _saved_in(key: str, artifact_store: str | None) -> str | None:
-    """The run that saved checkpoint ``key`` (None: none saved, or the store not readable now)."""
-    from airflow_plan_provider import artifacts
-
-    try:
-        saved = artifacts.load_checkpoint(key, artifact_store)
-    except Exception as error:  # an object store's hiccup must not fail a waiting node
-        log.debug("checkpoint %s not read (%s)", key, error)
-        return None
-    run_id = saved.get("run_id") if saved is not None else None
-    return run_id if isinstance(run_id, str) else None
 
 
 async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float) -> Any:

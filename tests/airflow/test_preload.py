@@ -36,7 +36,9 @@ PROBE = textwrap.dedent(
     print(json.dumps({{
         "pid": os.getpid(),
         "preloaded_by": preload.preloaded_by,
-        "modules": sorted(m for m in sys.modules if m.startswith("airflow_plan_provider")),
+        "modules": sorted(
+            m for m in sys.modules if m.startswith("airflow_plan_provider") or m in preload.TASK_MODULES
+        ),
         "node record built": complete("airflow_plan_provider.plan.result.NodeRecord"),
         "brief built": complete("airflow_plan_provider.contract.NodeBrief"),
     }}))
