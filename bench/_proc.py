@@ -21,7 +21,8 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+
+from harness.processes import proc_stats
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -38,20 +39,9 @@ class Proc:
 def snapshot() -> dict[int, Proc]:
     """Every process of the machine now (a process that ends while it is read is left out)."""
     out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ..." where comm may hold spaces and parentheses
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
+    for pid, (comm, fields) in (proc_stats() or {}).items():
         utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-        out[int(entry.name)] = Proc(
-            int(entry.name), int(fields[1]), comm, (utime + stime) / TICK, (cutime + cstime) / TICK
-        )
+        out[pid] = Proc(pid, int(fields[1]), comm, (utime + stime) / TICK, (cutime + cstime) / TICK)
     return out
 
 

@@ -13,25 +13,36 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["family", "pid_alive", "proc_table", "signal_all", "terminate_group"]
+__all__ = ["family", "pid_alive", "proc_stats", "proc_table", "signal_all", "terminate_group"]
+
+
+def proc_stats() -> dict[int, tuple[str, list[str]]] | None:
+    """``pid -> (comm, the fields after it)`` of ``/proc/<pid>/stat`` for every live process (state, ppid,
+    pgrp, session, ... utime, stime, cutime, cstime at 11-14), or None without ``/proc``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    stats: dict[int, tuple[str, list[str]]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp session ..." -- comm may contain spaces/parens.
+        stats[int(entry.name)] = (raw[raw.find("(") + 1 : raw.rfind(")")], raw[raw.rfind(")") + 2 :].split())
+    return stats
 
 
 def proc_table() -> dict[int, tuple[int, int, int, str]] | None:
     """``pid -> (ppid, pgid, sid, state)`` for every live process, or None if unavailable."""
     table: dict[int, tuple[int, int, int, str]] = {}
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
+    stats = proc_stats()
+    if stats is not None:
+        for pid, (_, rest) in stats.items():
             try:
-                raw = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # "pid (comm) state ppid pgrp session ..." -- comm may contain spaces/parens.
-            rest = raw[raw.rfind(")") + 2 :].split()
-            try:
-                table[int(entry.name)] = (int(rest[1]), int(rest[2]), int(rest[3]), rest[0])
+                table[pid] = (int(rest[1]), int(rest[2]), int(rest[3]), rest[0])
             except (IndexError, ValueError):
                 continue
         return table
