@@ -21,13 +21,15 @@ from airflow_plan_provider import preload
 
 PROBE = textwrap.dedent(
     """
-    import json, os, sys
+    import gc, json, os, sys
     {before}
     from airflow_plan_provider.plugins.plugin import PlanViewPlugin
     from airflow_plan_provider import preload
 
     {load}
     from airflow_plan_provider.plan.base_model import Model
+
+    CONTRACT = "airflow_plan_provider.contract"
 
     def complete(name):
         module, _, cls = name.rpartition(".")
@@ -41,6 +43,9 @@ PROBE = textwrap.dedent(
         ),
         "node record built": complete("airflow_plan_provider.plan.result.NodeRecord"),
         "brief built": complete("airflow_plan_provider.contract.NodeBrief"),
+        # frozen (gc.freeze): in no generation the collector traverses
+        "brief frozen": CONTRACT in sys.modules
+        and not any(o is sys.modules[CONTRACT].NodeBrief for o in gc.get_objects()),
     }}))
     """
 )
@@ -104,6 +109,8 @@ def test_a_celery_worker_importing_the_module_celery_imports_names_preloads() ->
     assert found["preloaded_by"] == found["pid"]
     assert set(preload.TASK_MODULES) <= set(found["modules"])
     assert found["node record built"] is True
+    # frozen like what Airflow's worker imports ahead of its pool: the task processes never traverse it
+    assert found["brief frozen"] is True
 
 
 def test_docker_compose_and_every_celery_cluster_of_the_tests_name_it_in_celerys_imports() -> None:
