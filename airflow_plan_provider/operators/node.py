@@ -259,7 +259,6 @@ class PlanNodeOperator(BaseOperator):
         self.resolved_params: Any = None
         self._label = ""  # this instance's label, known once it starts (see instance_label)
         self._label_sent = False
-        self._label_timer: threading.Timer | None = None
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -287,12 +286,8 @@ class PlanNodeOperator(BaseOperator):
         message at a time), or when it stops to wait (deferred, rescheduled, up for retry: states whose
         message carries no label). A node that succeeds, skips or fails before that has the label set
         with its final state."""
-        if self._label_timer is not None:  # already around (a resumed node runs execute again)
-            yield
-            return
         timer = threading.Timer(LABEL_AFTER, self._send_label)
         timer.daemon = True
-        self._label_timer = timer
         timer.start()
         try:
             yield
@@ -303,7 +298,6 @@ class PlanNodeOperator(BaseOperator):
             raise
         finally:
             timer.cancel()
-            self._label_timer = None
 
     def _send_label(self) -> None:
         """Send this instance's label to Airflow, once. Never raises: at worst the grid shows the map
@@ -326,7 +320,7 @@ class PlanNodeOperator(BaseOperator):
         if self._label and hasattr(ti, "rendered_map_index"):
             # what the final state's message carries; rendered again after execute, the same: not re-sent
             ti.rendered_map_index = self._label
-        node_id = labelled_node(mapped_label(mapped))
+        node_id = labelled_node(self._label)
         try:
             brief = NodeBrief.model_validate(mapped) if isinstance(mapped, dict) else pull_brief(ti)
         except ValidationError as error:
@@ -443,15 +437,15 @@ class PlanNodeOperator(BaseOperator):
 
     def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
-        look at the parents again. An event the trigger cannot have sent fails the node, naming the fault."""
-        with self._labelled_when_seen():
-            try:
-                from airflow_plan_provider.triggers.payloads import validate_parents_event
+        look at the parents again (``execute`` sends the label when it must). An event the trigger
+        cannot have sent fails the node, naming the fault (a final state: its message carries the label)."""
+        try:
+            from airflow_plan_provider.triggers.payloads import validate_parents_event
 
-                validate_parents_event(event)
-            except TriggerEventError as error:
-                raise self._start(context).fail(str(error)) from error
-            self.execute(context)
+            validate_parents_event(event)
+        except TriggerEventError as error:
+            raise self._start(context).fail(str(error)) from error
+        self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:
         """Wait for an asynchronous tool's job on the triggerer (:class:`ToolJobTrigger`), holding no
