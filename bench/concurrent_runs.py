@@ -20,7 +20,10 @@ utilisation (tool-seconds / (slots x window)), per-run makespans, the slot-secon
 number of node task processes (from their logs: a deferred instance holds no slot) and of tool calls
 at once (must be ≤ the pool), the scheduler's loop time, the CPU seconds the whole machine spent per
 node while the batch ran (every process: the cluster's services, the task processes, the benchmark's
-own polling; ``/proc/stat``), and with Celery the nodes each worker ran.
+own polling; ``/proc/stat``), and with Celery the nodes each worker ran. With ``--probe`` the cluster's
+processes load ``node_tax.py``'s probe (``bench/_taxprobe``), and each DAG's task processes are broken
+down by task: processes per node, CPU seconds of each process and of its supervisor, the DAG file parse
+in it (CPU ms, modules imported) and the execution-API requests its supervisor made.
 
 Run::
 
@@ -57,6 +60,7 @@ from _planbench import (
 )
 from _proc import breakdown, snapshot
 from _statsd import SCHEDULER_LOOP, loop_summary
+from node_tax import PROBE, probe_records, request_kind
 
 PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
 BOOKENDS_DAG = "bench_concurrent_bookends"
@@ -145,6 +149,39 @@ def figures(
     }
 
 
+def by_task(runs: list[Run], records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task of the batch's runs (``node`` for the node tasks, else the task id): task processes per
+    run, and per process the mean task-process and supervisor CPU seconds, the median DAG file parse
+    (CPU ms, modules) and the mean execution-API requests (by kind), from the probe's records."""
+    run_ids = {run.run_id for run in runs}
+    nodes = {(run.run_id, ti["task_id"], ti["map_index"]) for run in runs for ti in run.node_tis().values()}
+
+    def role(record: dict[str, Any]) -> str:
+        key = (record.get("run_id"), record.get("task_id"), record.get("map_index"))
+        return "node" if key in nodes else str(record.get("task_id"))
+
+    out: dict[str, dict[str, Any]] = {}
+    processes = [r for r in records if r["kind"] == "process" and r.get("run_id") in run_ids]
+    parses = [r for r in records if r["kind"] == "parse" and r.get("run_id") in run_ids]
+    requests = [r for r in records if r["kind"] == "request" and (r.get("ti") or {}).get("run_id") in run_ids]
+    for name in sorted({role(p) for p in processes}):
+        mine = [p for p in processes if role(p) == name]
+        parsed = [p for p in parses if role(p) == name]
+        asked = [r for r in requests if role(r["ti"]) == name]
+        out[name] = {
+            "processes per run": len(mine) / len(runs),
+            "task cpu": sum(p["task_cpu"] for p in mine) / len(mine),
+            "supervisor cpu": sum(p["supervisor_cpu"] for p in mine) / len(mine),
+            "parse cpu ms": median(p["cpu_ms"] for p in parsed) if parsed else 0.0,
+            "parse modules": median(p["modules"] for p in parsed) if parsed else 0.0,
+            "requests": len(asked) / len(mine),
+            "request kinds": {
+                k: v / len(mine) for k, v in sorted(Counter(request_kind(r) for r in asked).items())
+            },
+        }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="sessions (and static runs) at once")
@@ -160,6 +197,17 @@ def main() -> int:
         action="store_true",
         help="a third batch per round: the static DAG with a task before and after its nodes (what a plan"
         " run's shape costs on its own)",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="load node_tax.py's probe into the cluster's processes: per task, the CPU of its processes and"
+        " supervisors, its DAG file parse and its execution-API requests",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="with --probe: a folder for a cProfile of every task process (CPU time; slows them down)",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
@@ -207,10 +255,16 @@ def main() -> int:
     per_worker = PARALLELISM // len(workers) if workers else None
     executor = f"CeleryExecutor, {len(workers)} workers of {per_worker} slots" if workers else "LocalExecutor"
     rounds: list[dict[str, Any]] = []
+    probe_log = bench.root / "probe.jsonl"
+    env = {"PYTHONPATH": str(PROBE), "PLAN_BENCH_TAX_LOG": str(probe_log)} if args.probe else {}
+    if args.probe and args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        env["PLAN_BENCH_PROFILE"] = str(args.profile.resolve())
     try:
         cluster = bench.start(
             parallelism=PARALLELISM,
             dag_ids=[dag_id for _, dag_id, _ in kinds],
+            env=env,
             celery_workers=workers,
             worker_concurrency=per_worker,
         )
@@ -230,6 +284,9 @@ def main() -> int:
             for kind, dag_id, planned in kinds if round_ % 2 else kinds[::-1]:
                 runs, busy, parts = batch(bench, dag_id, conf if planned else {}, args.runs)
                 measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy, parts)
+                if args.probe:
+                    time.sleep(1.0)  # the last task's supervisor writes its record after the task ends
+                    measured[kind]["by task"] = by_task(runs, probe_records(probe_log))
                 log(f"round {round_} {kind}: {measured[kind]['nodes/min']:.0f} nodes/min")
             rounds.append(measured)
             header = [
@@ -300,6 +357,35 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
                 f"{values[a] / values[b]:>16.2f}" if values[b] else f"{'-':>16}" for a, b in ratios
             )
             print(f"    {part:<46}{cells}{shares}")
+    tasks = sorted({t for r in rounds for kind in kinds for t in r[kind].get("by task", {})})
+    if tasks:
+        print("  per task process, by task (probe; medians over the rounds of each batch's means)")
+        print(
+            f"    {'DAG':<10}{'task':<12}{'per run':>9}{'task CPU s':>12}{'superv. s':>11}"
+            f"{'parse ms':>10}{'modules':>9}{'requests':>10}"
+        )
+        for kind in kinds:
+            for task in tasks:
+                found = [r[kind]["by task"][task] for r in rounds if task in r[kind].get("by task", {})]
+                if not found:
+                    continue
+
+                def mid(key: str, found: list[dict[str, Any]] = found) -> float:
+                    return median(f[key] for f in found)
+
+                print(
+                    f"    {kind:<10}{task:<12}{mid('processes per run'):>9.1f}{mid('task cpu'):>12.3f}"
+                    f"{mid('supervisor cpu'):>11.3f}{mid('parse cpu ms'):>10.0f}{mid('parse modules'):>9.0f}"
+                    f"{mid('requests'):>10.1f}"
+                )
+        for kind in kinds:
+            found = [r[kind]["by task"]["node"] for r in rounds if "node" in r[kind].get("by task", {})]
+            if found:
+                middle = found[len(found) // 2]["request kinds"]
+                print(
+                    f"    {kind} node requests by kind: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in middle.items())
+                )
     for kind in kinds:
         spans = [r[kind]["makespan min/median/max"] for r in rounds]
         print(

@@ -1,9 +1,11 @@
-"""Where the artifact store is (``PLAN_ARTIFACT_STORE``), and the warning when workers may not share it."""
+"""Where the artifact store is (``PLAN_ARTIFACT_STORE``), the warning when workers may not share it, and how
+its files are reached (local folders with the os module, other stores through ObjectStoragePath)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +156,46 @@ def test_the_planning_task_log_warns_on_a_distributed_executor(
     assert len(lines) == 1, lines
     assert "[warning" in lines[0] and "operators.plan_task.PlanOperator" in lines[0]
     assert "CeleryExecutor may run tasks on other machines" in lines[0]
+
+
+@pytest.mark.parametrize("scheme", ["file", "local"])
+def test_a_local_store_is_the_file_objectstoragepath_names(tmp_path: Path, scheme: str) -> None:
+    """Checkpoints and outputs of a local store are read and written with the os module; they are the
+    files ObjectStoragePath names for the same URIs, so either reads what the other wrote."""
+    from airflow.sdk import ObjectStoragePath
+
+    base = f"{scheme}://{tmp_path}"
+    artifacts.save_checkpoint("d/r/n/k", {"output": 1}, base)
+    uri = artifacts.checkpoint_uri("d/r/n/k", base)
+    assert artifacts._local_file(uri) == ObjectStoragePath(uri).path
+    assert json.loads(ObjectStoragePath(uri).read_bytes())["record"] == {"output": 1}
+    data = json.dumps({"rows": "x" * 100}).encode()
+    ref = artifacts.store(data, key="d/r/n/k", summary="rows", base_url=base, threshold=10)
+    assert ref is not None and ObjectStoragePath(ref["uri"]).read_bytes() == data
+    assert artifacts.load(ref, key="d/r/n/k", base_url=base) == {"rows": "x" * 100}
+    for not_local in ("s3://bucket/plans/x.json", "memory://plans/x.json", "file://relative/x.json"):
+        assert artifacts._local_file(not_local) is None
+
+
+def test_an_object_store_keeps_checkpoints_and_outputs_through_objectstoragepath() -> None:
+    """Any other store (here fsspec's memory file system, attached as Airflow attaches a provider's)
+    goes through ObjectStoragePath: a checkpoint and a large output read back, a missing checkpoint is
+    None, a missing output an ArtifactError."""
+    from airflow.sdk.io import attach
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    attach("memory", fs=MemoryFileSystem())
+    base = f"memory://plans-{uuid.uuid4().hex}"
+    assert artifacts.load_checkpoint("d/r/n/k", base) is None
+    artifacts.save_checkpoint("d/r/n/k", {"run_id": "r", "output": [1]}, base)
+    assert artifacts.load_checkpoint("d/r/n/k", base) == {"run_id": "r", "output": [1]}
+    assert artifacts.checkpoint_of_run("d/r/n/k", "r", base) == {"run_id": "r", "output": [1]}
+    assert artifacts.checkpoint_of_run("d/r/n/k", "another run", base) is None
+    data = json.dumps(list(range(100))).encode()
+    ref = artifacts.store(data, key="d/r/n/k", summary="numbers", base_url=base, threshold=10)
+    assert ref is not None and ref["uri"].startswith(f"{base}/outputs/")
+    assert artifacts.load(ref, key="d/r/n/k", base_url=base) == list(range(100))
+    gone = {**ref, "sha256": "0" * 64}
+    gone["uri"] = artifacts.output_uri("d/r/n/k", gone["sha256"], base)
+    with pytest.raises(artifacts.ArtifactError, match="missing from the store"):
+        artifacts.load(gone, key="d/r/n/k", base_url=base)

@@ -31,6 +31,18 @@ PROBE = textwrap.dedent(
 
     CONTRACT = "airflow_plan_provider.contract"
 
+    def lexer_cached():
+        # whether Jinja had built, before this look, the lexer a DAG's template environment uses (it
+        # builds one per configuration and process, on the first template compiled)
+        if "jinja2.lexer" not in sys.modules:
+            return False
+        from jinja2.lexer import _lexer_cache
+        from airflow.sdk import DAG
+
+        cached = len(_lexer_cache)
+        DAG("probe", schedule=None).get_template_env().lexer
+        return cached > 0 and len(_lexer_cache) == cached
+
     def complete(name):
         module, _, cls = name.rpartition(".")
         return getattr(sys.modules[module], cls).__pydantic_complete__ if module in sys.modules else None
@@ -46,6 +58,7 @@ PROBE = textwrap.dedent(
         # frozen (gc.freeze): in no generation the collector traverses
         "brief frozen": CONTRACT in sys.modules
         and not any(o is sys.modules[CONTRACT].NodeBrief for o in gc.get_objects()),
+        "lexer of a DAG's template environment cached": lexer_cached(),
     }}))
     """
 )
@@ -73,6 +86,8 @@ def test_a_scheduler_with_the_local_executor_imports_the_task_modules_and_builds
     assert set(preload.TASK_MODULES) <= set(found["modules"])
     assert "airflow_plan_provider.operators.replan" in found["modules"]  # through the DAG factory
     assert found["node record built"] is True and found["brief built"] is True
+    # a node's label is a template Airflow renders twice in each task process: Jinja's lexer is built
+    assert found["lexer of a DAG's template environment cached"] is True
 
 
 def test_the_local_executor_named_by_its_path_or_among_several_counts() -> None:
@@ -85,6 +100,7 @@ def test_a_scheduler_whose_executor_starts_tasks_elsewhere_imports_nothing_more(
     assert found["preloaded_by"] is None
     assert "airflow_plan_provider.dag_factory" not in found["modules"]
     assert "airflow_plan_provider.operators.node" not in found["modules"]
+    assert found["lexer of a DAG's template environment cached"] is False
 
 
 def test_a_task_process_of_another_dag_loading_plugins_imports_nothing_more() -> None:
@@ -109,6 +125,7 @@ def test_a_celery_worker_importing_the_module_celery_imports_names_preloads() ->
     assert found["preloaded_by"] == found["pid"]
     assert set(preload.TASK_MODULES) <= set(found["modules"])
     assert found["node record built"] is True
+    assert found["lexer of a DAG's template environment cached"] is True
     # frozen like what Airflow's worker imports ahead of its pool: the task processes never traverse it
     assert found["brief frozen"] is True
 
