@@ -112,8 +112,8 @@ def first_uses() -> None:
     node's label is its rendered ``map_index_template``, rendered before and after ``execute``; Jinja
     builds its lexer once per process) and validate the trigger form's params (``jsonschema`` builds its
     validator classes and meta-schema registry on first use; Airflow validates a DAG's params twice in
-    every task). In a forked process, 5.2 → 2.0 ms of CPU for the two renders, 4.0 → 3.3 ms for the
-    params (``bench/concurrent_runs.py --probe`` breaks a task process down)."""
+    every task). In a forked process, 5.6 → 2.2 ms of CPU for the two renders, 4.2 → 3.6 ms for the
+    params (``bench/first_uses.py``)."""
     from airflow.sdk.definitions._internal.templater import create_template_env
 
     from airflow_plan_provider.dag_factory import MAP_INDEX_TEMPLATE, plan_params
