@@ -114,11 +114,12 @@ def first_uses() -> None:
     validator classes and meta-schema registry on first use; Airflow validates a DAG's params twice in
     every task). In a forked process, 5.6 → 2.2 ms of CPU for the two renders, 4.2 → 3.6 ms for the
     params (``bench/first_uses.py``)."""
-    from airflow.sdk.definitions._internal.templater import create_template_env
+    from airflow.sdk import DAG
 
     from airflow_plan_provider.dag_factory import MAP_INDEX_TEMPLATE, plan_params
 
-    create_template_env().from_string(MAP_INDEX_TEMPLATE).render(task={"instance_label": ""})
+    template_env = DAG("plan_provider_preload", schedule=None).get_template_env()
+    template_env.from_string(MAP_INDEX_TEMPLATE).render(task={"instance_label": ""})
     for param in plan_params().values():
         param.resolve()
 

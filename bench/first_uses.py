@@ -94,7 +94,7 @@ def main() -> int:
     for parent in ("a", "b"):
         artifacts.save_checkpoint(f"parent-{parent}", {"run_id": "run", "output": parent}, store)
     with DAG("first_uses", schedule=None, params=plan_params("a goal")) as dag:
-        task = EmptyOperator(task_id="node")
+        task = EmptyOperator(task_id="a_task")
 
     def checkpoints() -> None:
         artifacts.load_checkpoint("this node", store)
