@@ -16,7 +16,10 @@ protocol or a result: what two more task instances per run cost on their own.
 
 Printed per DAG: throughput in nodes per minute over the window from the first task start to the last
 task end, its ratio to the static DAG's, the ideal for the pool (node-seconds / slots), pool
-utilisation (tool-seconds / (slots x window)), per-run makespans, the slot-seconds a node held, the peak
+utilisation (tool-seconds / (slots x window)), per-run makespans, the slot-seconds a node held, where
+the rest of the window went (the lead-in from the first task start to the first node's, the tail from the
+last node's end to the last task end, and the slot-seconds idle between them per node: slots x window is
+slots x lead-in + slot-seconds held + idle + slots x tail), the peak
 number of node task processes (from their logs: a deferred instance holds no slot) and of tool calls
 at once (must be ≤ the pool), the scheduler's loop time, the CPU seconds the whole machine spent per
 node while the batch ran (every process: the cluster's services, the task processes, the benchmark's
@@ -125,6 +128,12 @@ def figures(
     window = max(r.last_end for r in runs) - min(r.first_start for r in runs)
     total = n_nodes * len(runs)
     held = sum(end - start for start, end in segments)
+    # where the window goes: slots x window = slots x lead-in + held + idle between + slots x tail
+    first_node = min(start for start, _ in segments)
+    last_node = max(end for _, end in segments)
+    lead_in = first_node - min(r.first_start for r in runs)
+    tail = max(r.last_end for r in runs) - last_node
+    idle_between = slots * (last_node - first_node) - held
     makespans = sorted(r.makespan for r in runs)
     # the scheduler's loops while any run of the batch was on
     loops = bench.metrics.timings(SCHEDULER_LOOP, min(r.trigger for r in runs), max(r.run_end for r in runs))
@@ -139,6 +148,9 @@ def figures(
         "pool utilisation": tool_seconds / (slots * window),
         "makespan min/median/max": [makespans[0], median(makespans), makespans[-1]],
         "slot-s per node": held / max(len(node_tis), 1),
+        "lead-in s": lead_in,
+        "tail s": tail,
+        "idle slot-s per node": idle_between / total,
         "tool share of slot time": tool_seconds / held if held else None,
         "peak slots": peak_overlap(segments),
         "peak tools": peak_overlap(tools),
@@ -320,6 +332,9 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         ("throughput, nodes/min", "nodes/min", "{:.1f}"),
         ("pool utilisation (tool-s / (slots x window))", "pool utilisation", "{:.2f}"),
         ("slot-s held per node", "slot-s per node", "{:.2f}"),
+        ("lead-in: first task start → first node start, s", "lead-in s", "{:.1f}"),
+        ("tail: last node end → last task end, s", "tail s", "{:.1f}"),
+        ("slot-s idle per node between them", "idle slot-s per node", "{:.2f}"),
         ("tool share of slot time", "tool share of slot time", "{:.0%}"),
         ("peak node task processes (pool)", "peak slots", "{:.0f}"),
         ("peak tool calls at once", "peak tools", "{:.0f}"),
