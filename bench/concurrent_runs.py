@@ -221,6 +221,12 @@ def main() -> int:
         type=Path,
         help="with --probe: a folder for a cProfile of every task process (CPU time; slows them down)",
     )
+    parser.add_argument(
+        "--profile-scheduler",
+        type=Path,
+        help="with --probe: a folder for a cProfile of the scheduler's loops during each batch (CPU time),"
+        " and the functions it spent most in, per node, printed by DAG",
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
     parser.add_argument("--report", type=Path, help="print the table of a --json file; run nothing")
@@ -272,6 +278,9 @@ def main() -> int:
     if args.probe and args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         env["PLAN_BENCH_PROFILE"] = str(args.profile.resolve())
+    if args.probe and args.profile_scheduler:
+        args.profile_scheduler.mkdir(parents=True, exist_ok=True)
+        env["PLAN_BENCH_PROFILE_SCHEDULER"] = str(args.profile_scheduler.resolve())
     try:
         cluster = bench.start(
             parallelism=PARALLELISM,
@@ -294,7 +303,11 @@ def main() -> int:
             # every other round in the reverse order, so that a drift of the machine over the rounds
             # (its load, the database's tables growing) weighs on every DAG alike
             for kind, dag_id, planned in kinds if round_ % 2 else kinds[::-1]:
+                if args.probe and args.profile_scheduler:
+                    cut_scheduler_profile(args.profile_scheduler, "-")  # what came before the batch
                 runs, busy, parts = batch(bench, dag_id, conf if planned else {}, args.runs)
+                if args.probe and args.profile_scheduler:
+                    cut_scheduler_profile(args.profile_scheduler, f"{kind}.{round_}")
                 measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy, parts)
                 if args.probe:
                     time.sleep(1.0)  # the last task's supervisor writes its record after the task ends
@@ -312,12 +325,56 @@ def main() -> int:
     finally:
         bench.stop()
     report(header, rounds)
+    if args.probe and args.profile_scheduler:
+        scheduler_report(args.profile_scheduler, [kind for kind, _, _ in kinds], args.runs * n_nodes)
     ok = all(
         r[kind]["states"] == {"success": args.runs} and r[kind]["peak slots"] <= args.slots
         for r in rounds
         for kind in r
     )
     return 0 if ok else 1
+
+
+def cut_scheduler_profile(folder: Path, name: str) -> None:
+    """Ask the probe in the scheduler to write its profile of the loops so far as ``name`` (``-``: drop
+    it) and start a new one; wait until a loop has taken the request."""
+    cut = folder / "cut"
+    cut.write_text(name)
+    deadline = time.monotonic() + 30
+    while cut.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def scheduler_report(folder: Path, kinds: list[str], nodes: int, top: int = 25) -> None:
+    """The scheduler's CPU in its loops per node, by DAG (every round of a DAG's batches together), and
+    the functions it spent most in (cumulative, ms per node), side by side."""
+    import pstats
+
+    stats = {}
+    for kind in kinds:
+        files = sorted(str(f) for f in folder.glob(f"{kind}.*.prof"))
+        if files:
+            stats[kind] = pstats.Stats(*files)
+    if not stats:
+        print("  scheduler profile: none written")
+        return
+    rounds = {kind: len(list(folder.glob(f"{kind}.*.prof"))) for kind in stats}
+
+    def per_node(kind: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (file, line, name), (_, _, _, cumulative, _) in stats[kind].stats.items():  # type: ignore[attr-defined]
+            key = f"{Path(file).name}:{line}({name})"
+            out[key] = out.get(key, 0.0) + cumulative * 1000 / (nodes * rounds[kind])
+        return out
+
+    tables = {kind: per_node(kind) for kind in stats}
+    ranked = sorted(
+        set().union(*tables.values()), key=lambda key: -max(t.get(key, 0.0) for t in tables.values())
+    )
+    print(f"  scheduler loops, CPU ms per node, cumulative (cProfile; {', '.join(map(str, rounds.items()))})")
+    print(f"    {'function':<72}" + "".join(f"{kind:>10}" for kind in stats))
+    for key in ranked[:top]:
+        print(f"    {key[:72]:<72}" + "".join(f"{tables[kind].get(key, 0.0):>10.2f}" for kind in stats))
 
 
 def report(header: list[str], rounds: list[dict[str, Any]]) -> None:

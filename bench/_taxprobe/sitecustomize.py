@@ -11,6 +11,8 @@ it appends one JSON line to that file for:
   the task instance being supervised (if any), method, path, status and bytes each way (a request
   answered 404, which Airflow's client raises for, included: a look for a key that is not there).
 
+With ``PLAN_BENCH_PROFILE_SCHEDULER`` it also profiles the scheduler's loop (see ``patch_scheduler``).
+
 The patches are installed when their module is first imported (a finder on ``sys.meta_path``), so no
 process imports anything it would not have imported anyway.
 """
@@ -150,7 +152,38 @@ def _install() -> None:
 
         client.send = send
 
+    def patch_scheduler(module: object) -> None:
+        """With ``PLAN_BENCH_PROFILE_SCHEDULER`` (a folder): a cProfile (CPU time) of the scheduler's
+        ``_do_scheduling``, cut where the benchmark asks: after a loop, a file ``cut`` in the folder names
+        the profile to write (``-``: discard), and a new profile starts."""
+        folder = os.environ.get("PLAN_BENCH_PROFILE_SCHEDULER")
+        if not folder:
+            return
+        import cProfile
+
+        runner = module.SchedulerJobRunner  # type: ignore[attr-defined]
+        original = runner._do_scheduling
+        profile = [cProfile.Profile(time.process_time)]
+        cut = os.path.join(folder, "cut")
+
+        def _do_scheduling(self: object, session: object) -> object:
+            profile[0].enable()
+            try:
+                return original(self, session)
+            finally:
+                profile[0].disable()
+                if os.path.exists(cut):
+                    with open(cut) as named:
+                        name = named.read().strip()
+                    os.unlink(cut)
+                    if name != "-":
+                        profile[0].dump_stats(os.path.join(folder, f"{name}.prof"))
+                    profile[0] = cProfile.Profile(time.process_time)
+
+        runner._do_scheduling = _do_scheduling
+
     patches = {
+        "airflow.jobs.scheduler_job_runner": patch_scheduler,
         "airflow.sdk.execution_time.supervisor": patch_supervisor,
         "airflow.sdk.execution_time.task_runner": patch_task_runner,
         "httpx": patch_httpx,
