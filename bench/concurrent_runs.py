@@ -26,7 +26,8 @@ node while the batch ran (every process: the cluster's services, the task proces
 own polling; ``/proc/stat``), and with Celery the nodes each worker ran. With ``--probe`` the cluster's
 processes load ``node_tax.py``'s probe (``bench/_taxprobe``), and each DAG's task processes are broken
 down by task: processes per node, CPU seconds of each process and of its supervisor, the DAG file parse
-in it (CPU ms, modules imported) and the execution-API requests its supervisor made.
+in it (CPU ms, modules imported) and the execution-API requests its supervisor made. ``--profile-scheduler``
+adds a cProfile of the scheduler's loops during each batch and prints where they spent their CPU.
 
 Run::
 
