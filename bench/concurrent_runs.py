@@ -126,15 +126,13 @@ def figures(
     segments = [s for run, ti in node_tis for s in bench.process_segments(run, ti)]
     tools = [span for run in runs for span in run.tools.values()]
     tool_seconds = sum(end - start for start, end in tools)
-    window = max(r.last_end for r in runs) - min(r.first_start for r in runs)
+    first_start, last_end = min(r.first_start for r in runs), max(r.last_end for r in runs)
+    window = last_end - first_start
     total = n_nodes * len(runs)
     held = sum(end - start for start, end in segments)
     # where the window goes: slots x window = slots x lead-in + held + idle between + slots x tail
-    first_node = min(start for start, _ in segments)
-    last_node = max(end for _, end in segments)
-    lead_in = first_node - min(r.first_start for r in runs)
-    tail = max(r.last_end for r in runs) - last_node
-    idle_between = slots * (last_node - first_node) - held
+    first_node = min((start for start, _ in segments), default=first_start)
+    last_node = max((end for _, end in segments), default=first_node)
     makespans = sorted(r.makespan for r in runs)
     # the scheduler's loops while any run of the batch was on
     loops = bench.metrics.timings(SCHEDULER_LOOP, min(r.trigger for r in runs), max(r.run_end for r in runs))
@@ -149,9 +147,9 @@ def figures(
         "pool utilisation": tool_seconds / (slots * window),
         "makespan min/median/max": [makespans[0], median(makespans), makespans[-1]],
         "slot-s per node": held / max(len(node_tis), 1),
-        "lead-in s": lead_in,
-        "tail s": tail,
-        "idle slot-s per node": idle_between / total,
+        "lead-in s": first_node - first_start,
+        "tail s": last_end - last_node,
+        "idle slot-s per node": (slots * (last_node - first_node) - held) / total,
         "tool share of slot time": tool_seconds / held if held else None,
         "peak slots": peak_overlap(segments),
         "peak tools": peak_overlap(tools),
@@ -279,9 +277,10 @@ def main() -> int:
     if args.probe and args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         env["PLAN_BENCH_PROFILE"] = str(args.profile.resolve())
-    if args.probe and args.profile_scheduler:
-        args.profile_scheduler.mkdir(parents=True, exist_ok=True)
-        env["PLAN_BENCH_PROFILE_SCHEDULER"] = str(args.profile_scheduler.resolve())
+    scheduler_profile = args.profile_scheduler if args.probe else None
+    if scheduler_profile:
+        scheduler_profile.mkdir(parents=True, exist_ok=True)
+        env["PLAN_BENCH_PROFILE_SCHEDULER"] = str(scheduler_profile.resolve())
     try:
         cluster = bench.start(
             parallelism=PARALLELISM,
@@ -304,11 +303,11 @@ def main() -> int:
             # every other round in the reverse order, so that a drift of the machine over the rounds
             # (its load, the database's tables growing) weighs on every DAG alike
             for kind, dag_id, planned in kinds if round_ % 2 else kinds[::-1]:
-                if args.probe and args.profile_scheduler:
-                    cut_scheduler_profile(args.profile_scheduler, "-")  # what came before the batch
+                if scheduler_profile:
+                    cut_scheduler_profile(scheduler_profile, "-")  # what came before the batch
                 runs, busy, parts = batch(bench, dag_id, conf if planned else {}, args.runs)
-                if args.probe and args.profile_scheduler:
-                    cut_scheduler_profile(args.profile_scheduler, f"{kind}.{round_}")
+                if scheduler_profile:
+                    cut_scheduler_profile(scheduler_profile, f"{kind}.{round_}")
                 measured[kind] = figures(bench, runs, n_nodes, args.slots, args.sleep, busy, parts)
                 if args.probe:
                     time.sleep(1.0)  # the last task's supervisor writes its record after the task ends
@@ -326,8 +325,8 @@ def main() -> int:
     finally:
         bench.stop()
     report(header, rounds)
-    if args.probe and args.profile_scheduler:
-        scheduler_report(args.profile_scheduler, [kind for kind, _, _ in kinds], args.runs * n_nodes)
+    if scheduler_profile:
+        scheduler_report(scheduler_profile, [kind for kind, _, _ in kinds], args.runs * n_nodes)
     ok = all(
         r[kind]["states"] == {"success": args.runs} and r[kind]["peak slots"] <= args.slots
         for r in rounds
@@ -351,15 +350,12 @@ def scheduler_report(folder: Path, kinds: list[str], nodes: int, top: int = 25) 
     the functions it spent most in (cumulative, ms per node), side by side."""
     import pstats
 
-    stats = {}
-    for kind in kinds:
-        files = sorted(str(f) for f in folder.glob(f"{kind}.*.prof"))
-        if files:
-            stats[kind] = pstats.Stats(*files)
+    files = {kind: sorted(str(f) for f in folder.glob(f"{kind}.*.prof")) for kind in kinds}
+    stats = {kind: pstats.Stats(*found) for kind, found in files.items() if found}
     if not stats:
         print("  scheduler profile: none written")
         return
-    rounds = {kind: len(list(folder.glob(f"{kind}.*.prof"))) for kind in stats}
+    rounds = {kind: len(files[kind]) for kind in stats}
 
     def per_node(kind: str) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -372,7 +368,8 @@ def scheduler_report(folder: Path, kinds: list[str], nodes: int, top: int = 25) 
     ranked = sorted(
         set().union(*tables.values()), key=lambda key: -max(t.get(key, 0.0) for t in tables.values())
     )
-    print(f"  scheduler loops, CPU ms per node, cumulative (cProfile; {', '.join(map(str, rounds.items()))})")
+    batches = ", ".join(f"{kind} {count} batches" for kind, count in rounds.items())
+    print(f"  scheduler loops, CPU ms per node, cumulative (cProfile; {batches})")
     print(f"    {'function':<72}" + "".join(f"{kind:>10}" for kind in stats))
     for key in ranked[:top]:
         print(f"    {key[:72]:<72}" + "".join(f"{tables[kind].get(key, 0.0):>10.2f}" for kind in stats))
