@@ -47,6 +47,7 @@ from airflow_plan_provider.plan.model import Node, ValidatedPlan, node_and_paren
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.tools.registry import Tool
+from airflow_plan_provider.tools.sources import ToolSource
 
 # ------------------------------------------------------------------------------------------------ task ids
 
@@ -65,6 +66,7 @@ PLAN_KEY = "plan"  # of plan: the ValidatedPlan
 SESSION_KEY = "session"  # of plan: the SessionState
 RUN_CONTEXT_KEY = "run"  # of plan: the RunContext (what the node tasks need of the session)
 PLANNING_ERROR_KEY = "planning_error"  # of plan: a PlanningErrorRecord
+TOOLS_KEY = "tools"  # of plan: the ToolListing of the DAG's tool sources (only when it declares some)
 LOCKED_PREFIX = "locked__"  # of plan: ``locked__<node>``, a reused node's LockedOutput
 BRIEFS_PREFIX = "briefs__"  # of plan: ``briefs__<node task>__<n>``, the NodeBriefs of the task's nodes
 APPROVAL_KEY = "approval"  # of approve: an ApprovalRecord
@@ -122,7 +124,7 @@ def labelled_node(label: str | None) -> str | None:
 # ---------------------------------------------------------------------------------------- where nodes run
 
 
-def lane_of(tool: Tool) -> str | None:
+def lane_of(tool: Tool | ToolSource) -> str | None:
     """The lane of the nodes calling ``tool``: its pool, with the slot count when it takes more than one;
     None (the default lane) for a tool without a pool."""
     if not tool.pool:
@@ -130,12 +132,12 @@ def lane_of(tool: Tool) -> str | None:
     return tool.pool if tool.pool_slots == 1 else f"{tool.pool}{LANE_SEPARATOR}x{tool.pool_slots}"
 
 
-def dag_lanes(tools: Iterable[Tool]) -> dict[str, Tool]:
+def dag_lanes(tools: Iterable[Tool | ToolSource]) -> dict[str, Tool | ToolSource]:
     """Lane → a tool that runs in it (its pool and slots), for every pooled tool; sorted by lane.
 
     Raises ``ValueError`` when two different (pool, slots) pairs would share a lane name.
     """
-    lanes: dict[str, Tool] = {}
+    lanes: dict[str, Tool | ToolSource] = {}
     for tool in sorted(tools, key=lambda t: t.name):
         lane = lane_of(tool)
         if lane is None:

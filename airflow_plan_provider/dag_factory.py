@@ -72,6 +72,7 @@ from airflow_plan_provider.tools.registry import (
     load_tools,
     missing_tools_message,
 )
+from airflow_plan_provider.tools.sources import ToolSource
 
 if TYPE_CHECKING:
     from airflow_plan_provider.planners.base import Planner
@@ -132,6 +133,12 @@ def tools_markdown(tools: Mapping[str, Tool]) -> str:
         summary = (tool.description or "").strip().splitlines()[0] if (tool.description or "").strip() else ""
         risky = " Needs approval." if tool.needs_approval else ""
         lines.append(f"- `{name}`: {summary}{risky} Params: {', '.join(params) or 'none'}.")
+    for source in tools.sources if isinstance(tools, ToolRegistry) else ():
+        origin = source.declaration()
+        lines.append(
+            f"- the tools of {origin['kind'].upper()} server `{origin['conn_id']}` (Airflow connection), "
+            f"named `{origin['prefix']}<tool>`: listed when a run plans (the run's Plan tab shows them)."
+        )
     return "\n".join(lines)
 
 
@@ -189,7 +196,7 @@ class _PlanTasks:
 
     planner: Planner | None
     tools: ToolRegistry | str
-    lanes: dict[str, Tool]
+    lanes: dict[str, Tool | ToolSource]
     limits: Limits
     budgets: Budgets
     execution: NodeExecution
@@ -224,15 +231,20 @@ class _PlanTasks:
         approval = _setting("approval", approval, ApprovalPolicy)
         spec = _tools_spec(tools)
         catalog = load_tools(spec)
+        # a source's tools are known when a run plans: a source whose tools may be risky asks for the task
         asks = approval.mode == "always" or (
-            approval.mode == "risky" and any(tool.needs_approval for tool in catalog.values())
+            approval.mode == "risky"
+            and (
+                any(tool.needs_approval for tool in catalog.values())
+                or any(source.may_need_approval for source in catalog.sources)
+            )
         )
         artifacts = _setting("artifacts", artifacts, ArtifactStore)
         _check_store(artifacts.url)
         return cls(
             planner=planner,
             tools=spec,
-            lanes=dag_lanes(catalog.values()),  # the pooled tools decide the node tasks
+            lanes=dag_lanes([*catalog.values(), *catalog.sources]),  # pooled tools and sources: node tasks
             limits=limits,
             budgets=_setting("budgets", budgets, Budgets),
             execution=execution,

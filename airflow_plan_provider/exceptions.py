@@ -8,6 +8,7 @@
     ├── FreezeError              a session or plan cannot be frozen into a DAG file (why, in its text)
     ├── TriggerEventError        a deferred task resumed with an event its trigger cannot have sent
     ├── ArtifactStoreError       the artifact store did not take a file (the try fails; Airflow retries)
+    ├── ToolSourceError          a tool source (an MCP server) could not be read or listed (names it)
     └── ToolError                raised by tools, read by the node runner
         ├── TransientToolError   worth retrying (timeouts, 5xx, rate limits)
         ├── PermanentToolError   retrying cannot help (bad credentials, missing resource)
@@ -36,6 +37,12 @@ class ArtifactStoreError(PlanProviderError):
     """The artifact store could not take a file (unwritable, full, unreachable): the message names the
     store, and nothing of the file is left there. Not the node's fault: its task fails the try and Airflow
     retries it (``NodeExecution.retries``), which succeeds once the store takes files again."""
+
+
+class ToolSourceError(PlanProviderError):
+    """A tool source could not be read or listed: its connection is missing or malformed, or its server
+    cannot be reached or answered with an error. The message names the source (its connection id) and
+    the fault. Raised while a run plans: the planning task fails its try and Airflow retries it."""
 
 
 class TriggerEventError(PlanProviderError):

@@ -27,7 +27,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow_plan_provider.airflow_features import AirflowFailException, AirflowSkipException
 from airflow_plan_provider.contract import APPROVAL_KEY, APPROVE_TASK, ApprovalRecord
 from airflow_plan_provider.exceptions import TriggerEventError
-from airflow_plan_provider.operators.layout import pull_plan, pull_session, task_id_in
+from airflow_plan_provider.operators.layout import pull_plan, pull_session, pull_tools, task_id_in
 from airflow_plan_provider.plan.approval import (
     APPROVAL_MODES,
     Approval,
@@ -121,7 +121,7 @@ class PlanApprovalOperator(ApprovalOperator):
         if plan is None:
             raise AirflowSkipException("planning did not publish a plan")
         state = pull_session(ti)
-        tools = load_tools(self.tools)
+        tools = pull_tools(ti, load_tools(self.tools))
         risky = sorted(name for name, tool in tools.items() if tool.needs_approval)
         asked = nodes_to_approve(
             plan, risky_tools=risky, mode=self.mode, approvals=state.approvals, locked=state.locked

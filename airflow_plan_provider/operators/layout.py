@@ -19,6 +19,7 @@ from airflow_plan_provider.contract import (
     PLAN_TASK,
     RUN_CONTEXT_KEY,
     SESSION_KEY,
+    TOOLS_KEY,
     NodeBrief,
     briefs_key,
     locked_key,
@@ -27,6 +28,8 @@ from airflow_plan_provider.contract import (
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import LockedOutput, RunContext, SessionState
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.sources import listing_of
 
 
 def group_prefix(task: Any) -> str:
@@ -63,6 +66,15 @@ def pull_brief(ti: Any) -> NodeBrief | None:
     if not isinstance(briefs, list) or position >= len(briefs):
         return None
     return NodeBrief.model_validate(briefs[position])
+
+
+def pull_tools(ti: Any, tools: ToolRegistry) -> ToolRegistry:
+    """``tools`` with the tools its sources listed when this run planned (the planning task's
+    ``tools``); ``tools`` itself when it declares no source."""
+    if not tools.sources:
+        return tools
+    listing = listing_of(ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=TOOLS_KEY))
+    return tools.with_listing(listing)
 
 
 def pull_session(ti: Any) -> SessionState:

@@ -29,6 +29,7 @@ from airflow_plan_provider.operators.layout import (
     pull_plan,
     pull_records_at,
     pull_run_context,
+    pull_tools,
 )
 from airflow_plan_provider.plan.calls import key_scope, node_key
 from airflow_plan_provider.plan.decisions import NodeStatus
@@ -181,14 +182,15 @@ class _OperatorHost:
 
 
 class _ToolsWhenNeeded(Mapping[str, Tool]):
-    """The operator's tools, loaded when the step first looks one up (a skipped or reused node loads none)."""
+    """The operator's tools, loaded when the step first looks one up (a skipped or reused node loads none),
+    with those its sources listed when the run planned (:func:`~.layout.pull_tools`)."""
 
-    def __init__(self, spec: ToolRegistry | str | None) -> None:
-        self.spec, self._tools = spec, cast(ToolRegistry | None, None)
+    def __init__(self, spec: ToolRegistry | str | None, ti: Any) -> None:
+        self.spec, self.ti, self._tools = spec, ti, cast(ToolRegistry | None, None)
 
     def _loaded(self) -> ToolRegistry:
         if self._tools is None:
-            self._tools = load_tools(self.spec)
+            self._tools = pull_tools(self.ti, load_tools(self.spec))
         return self._tools
 
     def __getitem__(self, name: str) -> Tool:
@@ -343,7 +345,7 @@ class PlanNodeOperator(BaseOperator):
             picked = self._await_parents(run, context)  # a parent still running has no record yet
             unpicked = {p.id: run.brief.location(p.id) for p in run.brief.parents if p.id not in picked}
             records = {**pull_records_at(run.ti, unpicked), **picked}
-            step = run.step(records, _ToolsWhenNeeded(self.tools))
+            step = run.step(records, _ToolsWhenNeeded(self.tools, run.ti))
             self._act(run, step.run())
 
     def _act(self, run: NodeRun, outcome: StepOutcome) -> None:

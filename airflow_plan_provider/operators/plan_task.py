@@ -27,6 +27,7 @@ from airflow_plan_provider.contract import (
     PLANNING_ERROR_KEY,
     RUN_CONTEXT_KEY,
     SESSION_KEY,
+    TOOLS_KEY,
     PlanningErrorRecord,
     brief_groups,
     lane_of,
@@ -167,7 +168,7 @@ class PlanOperator(BaseOperator):
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
-        tools = load_tools(self.tools)
+        tools = self._listed_tools(ti)
         dag_plan = None
         if self.ready_plan is not None and params.get("plan"):
             self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
@@ -225,6 +226,33 @@ class PlanOperator(BaseOperator):
         for key, group in brief_groups(briefs).items():
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
+
+    def _listed_tools(self, ti: Any) -> ToolRegistry:
+        """The DAG's tools, with those its sources list now (kept beside the plan, XCom ``tools``, for
+        the run's other tasks). A required source that cannot be listed fails this try (Airflow retries
+        it: a server restarting is back by the next try)."""
+        tools = load_tools(self.tools)
+        if not tools.sources:
+            return tools
+        listed, listing = tools.listed()
+        for source in listing.sources:
+            if source.error:
+                self.log.warning(
+                    "tool source %s: not listed, planning without it: %s", source.source, source.error
+                )
+                continue
+            self.log.info(
+                "tool source %s: %s tool(s) advertised, %s offered to the planner: %s",
+                source.source,
+                source.advertised,
+                len(source.tools),
+                ", ".join(tool.name for tool in source.tools[:50])
+                + (" ..." if len(source.tools) > 50 else ""),
+            )
+            for skipped in source.skipped[:20]:
+                self.log.warning("tool source %s: left out %s", source.source, skipped)
+        ti.xcom_push(key=TOOLS_KEY, value=listing.model_dump(mode="json"))
+        return listed
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""

@@ -28,21 +28,26 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import jsonschema
 from pydantic import BaseModel, create_model
+
+if TYPE_CHECKING:
+    from airflow_plan_provider.tools.sources import ToolListing, ToolSource
 
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
 # a tool's pool name becomes part of task ids (``nodes__<pool>``): the characters Airflow allows there
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 F = TypeVar("F", bound=Callable[..., Any])  # a tool's function, returned unchanged by ToolRegistry.tool
 ALL_INSTALLED = "*"  # the explicit opt-in to every registry installed under ENTRY_POINT_GROUP
+#: characters of the tool catalog in a planner's prompt (about 15,000 tokens), whatever the tool count
+CATALOG_BUDGET = 60_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,43 @@ class ToolContext:
     revision: int = 0
 
 
+OriginKind = Literal["python", "mcp", "sql", "http", "common-ai"]
+
+
+@dataclass(frozen=True)
+class ToolOrigin:
+    """Where a tool comes from, as shown in the plan view, the node log and ``airflow-plan tools``.
+
+    :param kind: ``python`` (a function registered here), ``mcp`` (a tool of an MCP server), ``sql``
+        (a read-only query over an Airflow connection), ``http`` (an endpoint behind an Airflow
+        connection) or ``common-ai`` (a common-ai ``AirflowTool``).
+    :param conn_id: the Airflow connection the tool goes through, if any.
+    :param name: what the source calls the tool (an MCP server's own tool name, a function's module
+        and name, an endpoint's method and path).
+    """
+
+    kind: OriginKind = "python"
+    conn_id: str | None = None
+    name: str | None = None
+
+    def label(self) -> str:
+        """One line, say ``mcp · conn demo_mcp · get_latency`` or ``python · plan_demo.tools.latency``."""
+        return " · ".join(
+            [
+                self.kind,
+                *([f"conn {self.conn_id}"] if self.conn_id else []),
+                *([self.name] if self.name else []),
+            ]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in (("kind", self.kind), ("conn_id", self.conn_id), ("name", self.name)) if v}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolOrigin:
+        return cls(kind=data.get("kind", "python"), conn_id=data.get("conn_id"), name=data.get("name"))
+
+
 @dataclass
 class Tool:
     """A function a plan node can call, with what the planner is told about it and how it runs.
@@ -88,6 +130,7 @@ class Tool:
     :param pool: an Airflow pool whose slots every node calling the tool takes.
     :param pool_slots: how many of the pool's slots one node takes.
     :param needs_approval: a risky tool: a plan DAG asks a human before a node calling it runs.
+    :param origin: where the tool comes from (default: a Python function).
     """
 
     name: str
@@ -100,6 +143,7 @@ class Tool:
     pool: str | None = None  # an Airflow pool: nodes calling this tool take slots from it
     pool_slots: int = 1
     needs_approval: bool = False  # risky: a plan DAG asks a human before a node calling it runs
+    origin: ToolOrigin = field(default_factory=ToolOrigin)
     wants_ctx: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +188,7 @@ class Tool:
             **pooled,
             # only when set, so the digests of catalogs without risky tools stay as they were
             **({"needs_approval": True} if self.needs_approval else {}),
+            **({"origin": self.origin.to_dict()} if self.origin.kind != "python" else {}),
         }
 
 
@@ -177,10 +222,13 @@ class ToolRegistry(Mapping[str, Tool]):
     :param tools: the tools to start with; more are added with :meth:`tool` or :meth:`add`.
     """
 
-    def __init__(self, tools: list[Tool] | None = None) -> None:
+    def __init__(self, tools: list[Tool] | None = None, sources: Sequence[ToolSource] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._sources: dict[str, ToolSource] = {}
         for tool in tools or ():
             self.add(tool)
+        for source in sources:
+            self.add_source(source)
 
     def __getitem__(self, name: str) -> Tool:
         return self._tools[name]
@@ -191,17 +239,79 @@ class ToolRegistry(Mapping[str, Tool]):
     def __len__(self) -> int:
         return len(self._tools)
 
+    @property
+    def sources(self) -> tuple[ToolSource, ...]:
+        """The sources whose tools are listed when a run plans (see :mod:`.sources`)."""
+        return tuple(self._sources.values())
+
     def add(self, tool: Tool) -> Tool:
         if tool.name in self._tools and self._tools[tool.name] is not tool:
             raise ValueError(f"tool {tool.name!r} is registered twice")
         self._tools[tool.name] = tool
         return tool
 
+    def add_source(self, source: ToolSource) -> ToolSource:
+        """Offer the tools ``source`` lists when a run plans (say an
+        :class:`~airflow_plan_provider.tools.mcp.McpServer`). Nothing is asked of the source here: a DAG
+        file that declares one does no I/O when parsed."""
+        if source.name in self._sources and self._sources[source.name] != source:
+            raise ValueError(f"tool source {source.name!r} is declared twice")
+        self._sources[source.name] = source
+        return source
+
     def merge(self, other: Mapping[str, Tool]) -> ToolRegistry:
-        merged = ToolRegistry(list(self.values()))
+        merged = ToolRegistry(list(self.values()), self.sources)
         for tool in other.values():
             merged.add(tool)
+        for source in other.sources if isinstance(other, ToolRegistry) else ():
+            merged.add_source(source)
         return merged
+
+    def listed(self) -> tuple[ToolRegistry, ToolListing]:
+        """Ask every source for its tools (network I/O: the planning task does it, never a DAG parse).
+
+        Returns the tools a plan may use now (this registry's own and every listed one) and the listing
+        to keep beside the plan (:meth:`with_listing` rebuilds the same tools from it). A source that
+        cannot be listed raises :class:`~airflow_plan_provider.exceptions.ToolSourceError`, unless it is
+        not ``required``: its listing then records the error and the run plans without it. A listed
+        tool whose name is already taken is left out, named in its source's listing.
+        """
+        from airflow_plan_provider.exceptions import ToolSourceError
+        from airflow_plan_provider.tools.sources import SourceListing, ToolListing
+
+        listings: list[SourceListing] = []
+        for source in self.sources:
+            try:
+                listing = source.list_tools()
+            except ToolSourceError as error:
+                if source.required:
+                    raise
+                listing = SourceListing(source=source.name, error=str(error))
+            listings.append(listing)
+        taken = set(self._tools)
+        for listing in listings:
+            for entry in list(listing.tools):
+                if entry.name in taken:
+                    listing.tools.remove(entry)
+                    listing.skipped.append(
+                        f"{entry.remote_name}: the name {entry.name!r} is taken by another tool"
+                    )
+                taken.add(entry.name)
+        kept = ToolListing(sources=listings)
+        return self.with_listing(kept), kept
+
+    def with_listing(self, listing: ToolListing) -> ToolRegistry:
+        """This registry's tools and those of ``listing`` (as :meth:`listed` kept it), without I/O. A
+        listing of a source this registry does not declare is ignored: only the DAG names sources."""
+        registry = ToolRegistry(list(self.values()), self.sources)
+        for source_listing in listing.sources:
+            source = self._sources.get(source_listing.source)
+            if source is None:
+                continue
+            for entry in source_listing.tools:
+                if entry.name not in registry:
+                    registry.add(source.tool(entry))
+        return registry
 
     @overload
     def tool(
@@ -282,6 +392,7 @@ class ToolRegistry(Mapping[str, Tool]):
                     pool=pool,
                     pool_slots=pool_slots,
                     needs_approval=needs_approval,
+                    origin=ToolOrigin("python", name=f"{fn.__module__}.{fn.__qualname__}"),
                 )
             )
             return fn
@@ -289,24 +400,27 @@ class ToolRegistry(Mapping[str, Tool]):
         return register(func) if func is not None else register
 
     def __repr__(self) -> str:
-        return f"ToolRegistry(tools={sorted(self._tools)!r}, catalog_sha256={self.digest()[:16]!r})"
+        sources = f", sources={sorted(self._sources)!r}" if self._sources else ""
+        return f"ToolRegistry(tools={sorted(self._tools)!r}{sources}, catalog_sha256={self.digest()[:16]!r})"
 
     def digest(self) -> str:
-        """SHA-256 of every tool's name, description, argument schema and job settings."""
-        entries = [self._tools[name].fingerprint() for name in sorted(self._tools)]
+        """SHA-256 of every tool's name, description, argument schema and job settings, and of every
+        source's declaration (not of what a source lists: that is asked when a run plans)."""
+        entries: list[Any] = [self._tools[name].fingerprint() for name in sorted(self._tools)]
+        if self._sources:  # only when declared, so the digests of catalogs without sources stay as they were
+            entries.append({"sources": [self._sources[name].declaration() for name in sorted(self._sources)]})
         text = json.dumps(entries, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def catalog(self) -> list[dict[str, Any]]:
         return [self._tools[name].describe() for name in sorted(self._tools)]
 
-    def catalog_text(self) -> str:
-        """The catalog as a planner prompt section: one tool a paragraph, with its argument schema."""
-        parts = []
-        for item in self.catalog():
-            schema = json.dumps(item["args_schema"], sort_keys=True, separators=(",", ":"))
-            parts.append(f"- {item['name']}: {item['description']}\n  args JSON Schema: {schema}")
-        return "\n".join(parts)
+    def catalog_text(self, goal: str = "", budget: int = CATALOG_BUDGET) -> str:
+        """The catalog as a planner prompt section, at most about ``budget`` characters
+        (:func:`~airflow_plan_provider.tools.catalog.catalog_text`)."""
+        from airflow_plan_provider.tools.catalog import catalog_text
+
+        return catalog_text(list(self.values()), goal=goal, budget=budget)
 
 
 def installed_registries() -> list[str]:

@@ -48,6 +48,7 @@ def test_the_names_are_those_users_see() -> None:
         "RESULT_KEY": "return_value",
         "PLAN_KEY": "plan",
         "SESSION_KEY": "session",
+        "TOOLS_KEY": "tools",
         "RUN_CONTEXT_KEY": "run",
         "PLANNING_ERROR_KEY": "planning_error",
         "APPROVAL_KEY": "approval",
