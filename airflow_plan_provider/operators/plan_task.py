@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_plan_provider.planners.base import Planner, PlanningOutcome, PlanRequest
+    from airflow_plan_provider.tools.sources import ToolListing
 
 # The planners, the session checks and the merge are imported where the planning task runs, not at
 # module level: every task of a plan DAG (each node) parses the DAG file, which imports this module.
@@ -168,7 +169,7 @@ class PlanOperator(BaseOperator):
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
-        tools = self._listed_tools(ti)
+        tools, listing = self._listed_tools()
         dag_plan = None
         if self.ready_plan is not None and params.get("plan"):
             self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
@@ -217,6 +218,7 @@ class PlanOperator(BaseOperator):
         if heavy:
             self.log.warning("%s", heavy)
         run = run_context(planned)
+        self._keep_tools(ti, tools, listing, plan)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
@@ -227,32 +229,41 @@ class PlanOperator(BaseOperator):
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
 
-    def _listed_tools(self, ti: Any) -> ToolRegistry:
-        """The DAG's tools, with those its sources list now (kept beside the plan, XCom ``tools``, for
-        the run's other tasks). A required source that cannot be listed fails this try (Airflow retries
-        it: a server restarting is back by the next try)."""
+    def _listed_tools(self) -> tuple[ToolRegistry, ToolListing]:
+        """The DAG's tools, with those its sources list now, and the listing (kept beside the plan for
+        the run's other tasks: :meth:`_keep_tools`). A required source that cannot be listed fails this
+        try (Airflow retries it: a server restarting is back by the next try)."""
+        from airflow_plan_provider.tools.sources import ToolListing
+
         tools = load_tools(self.tools)
         if not tools.sources:
-            return tools
+            return tools, ToolListing()
         listed, listing = tools.listed()
         for source in listing.sources:
             if source.error:
-                self.log.warning(
-                    "tool source %s: not listed, planning without it: %s", source.source, source.error
-                )
+                self.log.warning("tool source %s: planning without it: %s", source.source, source.error)
                 continue
+            names = [tool.name for tool in source.tools]
             self.log.info(
                 "tool source %s: %s tool(s) advertised, %s offered to the planner: %s",
                 source.source,
                 source.advertised,
-                len(source.tools),
-                ", ".join(tool.name for tool in source.tools[:50])
-                + (" ..." if len(source.tools) > 50 else ""),
+                len(names),
+                ", ".join(names[:50]) + (" ..." if len(names) > 50 else ""),
             )
             for skipped in source.skipped[:20]:
                 self.log.warning("tool source %s: left out %s", source.source, skipped)
+        return listed, listing
+
+    def _keep_tools(self, ti: Any, tools: ToolRegistry, listing: ToolListing, plan: ValidatedPlan) -> None:
+        """Push the sources' listing and where each tool of the plan comes from (XCom ``tools``), when
+        the DAG has sources or tools other than Python functions: the run's nodes rebuild the listed
+        tools from it, and the plan view shows it."""
+        used = {node.tool: tools[node.tool].origin for node in plan.nodes if node.tool in tools}
+        if not listing.sources and all(origin.kind == "python" for origin in used.values()):
+            return
+        listing.origins = {name: origin.to_dict() for name, origin in sorted(used.items())}
         ti.xcom_push(key=TOOLS_KEY, value=listing.model_dump(mode="json"))
-        return listed
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
         """Node id → lane, for the nodes whose tool declares a pool."""

@@ -290,7 +290,13 @@ class NodeStep:
         shown = host.shown_params(params)
         host.log(logging.INFO, "node %s params: %s", node.id, summarize(shown, PARAMS_LOG_CHARS))
         host.log(
-            logging.INFO, "node %s: calling %s (try %s, key %s)", node.id, tool.name, ctx.try_number, self.key
+            logging.INFO,
+            "node %s: calling %s (%s; try %s, key %s)",
+            node.id,
+            tool.name,
+            tool.origin.label(),
+            ctx.try_number,
+            self.key,
         )
         self.started = time.time()
         self.event("node.started", attempt=ctx.try_number, key=self.key, missing_inputs=self.missing)

@@ -33,6 +33,7 @@ from airflow_plan_provider.contract import (
     REPLAN_TASK,
     RESULT_KEY,
     SESSION_KEY,
+    TOOLS_KEY,
     node_location,
 )
 from airflow_plan_provider.plan.decisions import NodeStatus
@@ -40,12 +41,15 @@ from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
+from airflow_plan_provider.tools.registry import ToolOrigin
+from airflow_plan_provider.tools.sources import listing_of
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (
     (PLAN_TASK, PLAN_KEY),
     (PLAN_TASK, SESSION_KEY),
     (PLAN_TASK, PLANNING_ERROR_KEY),
+    (PLAN_TASK, TOOLS_KEY),
     (FINALIZE_TASK, RESULT_KEY),
     (FINALIZE_TASK, REPLAN_CONF_KEY),
     (REPLAN_TASK, RESULT_KEY),
@@ -267,6 +271,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         "result": _result_summary(finalize) if isinstance(finalize, dict) else None,
         "replanned": bool(run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)),
         "changes": [],
+        "tool_sources": _tool_sources(run),
         "layers": plan.layers if plan else [],
         "nodes": [],
         "edges": [],
@@ -281,6 +286,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         if record.get("status") == NodeStatus.SUCCESS and record.get("artifact") is None
     }
     marks = _diff_marks(diff)
+    origins = _tool_origins(run)
     lanes = session.get("lanes")
     layout = RunContext(  # where the run's nodes are: each pooled node's lane
         lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
@@ -299,7 +305,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                     marks.get(node_id),
                     redact,
                 )
-                | {"task_id": run.prefix + task_id, "map_index": map_index}
+                | {"task_id": run.prefix + task_id, "map_index": map_index, "origin": origins.get(node.tool)}
             )
     for child, parents in plan.parents.items():
         for parent in parents:
@@ -320,6 +326,26 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                     )
                 )
     return view
+
+
+def _tool_sources(run: RunData) -> list[dict[str, Any]]:
+    """What each tool source listed when the run planned (an MCP server's tools, or why it could not be
+    listed); empty for a DAG without sources."""
+    value = run.xcom(PLAN_TASK, TOOLS_KEY)
+    try:
+        return listing_of(value).summary()
+    except ValueError:  # a listing of another shape: nothing to show
+        return []
+
+
+def _tool_origins(run: RunData) -> dict[str, str]:
+    """Tool name → where it comes from (``mcp · conn demo · query``), as the planning task recorded it."""
+    value = run.xcom(PLAN_TASK, TOOLS_KEY)
+    try:
+        origins = listing_of(value).origins
+    except ValueError:
+        return {}
+    return {name: ToolOrigin.from_dict(origin).label() for name, origin in origins.items()}
 
 
 def _node_ti(run: RunData, task_id: str, map_index: int) -> dict[str, Any] | None:

@@ -124,16 +124,18 @@ class McpConnection:
         """What the secrets masker must hide: the token and every env value."""
         return [s for s in (self.token, *self.env.values()) if s]
 
-    def client(self, timeout: float) -> Client:
-        """A new client for this connection (one per call or listing, never shared)."""
+    def client(self, timeout: float, max_bytes: int = 16_000_000) -> Client:
+        """A new client for this connection (one per call or listing, never shared); an event of the
+        server's stream may carry ``max_bytes`` of JSON (a result up to the server's limit, escaped)."""
         from mcp import Client, StdioServerParameters
 
         if self.transport == "stdio":
             assert self.command is not None
-            import os
+            from mcp.client.stdio import get_default_environment
 
-            # the server inherits what a child process needs to start (PATH, HOME...), plus its own env
-            env = {**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}, **self.env}
+            # the SDK's safe variables (PATH, HOME, USER...) and the connection's own env: never the
+            # worker's environment, which holds Airflow's own secrets
+            env = {**get_default_environment(), **self.env}
             params = StdioServerParameters(command=self.command, args=list(self.args), env=env)
             return Client(params, read_timeout_seconds=timeout, cache=None)
         import httpx2
@@ -198,7 +200,7 @@ class McpServer:
     max_tools: int = 500
     max_schema_bytes: int = 65_536
     max_description_chars: int = 1_000
-    max_result_bytes: int = 50_000_000
+    max_result_bytes: int = 16_000_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.conn_id, str) or not self.conn_id:
@@ -386,7 +388,7 @@ class McpToolCall:
         self, conn: McpConnection, timeout: float, params: dict[str, Any], ctx: ToolContext
     ) -> Any:
         where = f"tool {self.remote_name!r} of MCP server {self.server.conn_id!r}"
-        async with conn.client(timeout) as client:
+        async with conn.client(timeout, self.server.max_result_bytes) as client:
             listed = await _find(client, self.remote_name)
             if listed is None:
                 raise PermanentToolError(

@@ -80,11 +80,14 @@ class SourceListing(BaseModel):
 
 
 class ToolListing(BaseModel):
-    """Every source's listing of one planning (kept beside the plan, XCom ``tools``)."""
+    """Every source's listing of one planning, and where each tool the plan calls comes from (kept beside
+    the plan, XCom ``tools``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     sources: list[SourceListing] = Field(default_factory=list)
+    #: tool name → where it comes from (:meth:`ToolOrigin.to_dict`), for the tools the plan calls
+    origins: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     def of(self, source: str) -> SourceListing | None:
         return next((listing for listing in self.sources if listing.source == source), None)
