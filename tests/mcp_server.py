@@ -9,6 +9,8 @@ Tools:
   for each idempotency key it has not seen (the key comes in the request's ``_meta``), and answers how
   many lines the ledger holds for the key: a call repeated with the same key is not done twice;
 - ``broken(reason)``: always answers an error result (``is_error``) carrying ``reason``;
+- ``--variant-file F``: a server started while F says ``v2`` offers ``lookup`` with another schema, and
+  while it says ``gone`` offers no ``lookup`` at all (a stdio server starts for every call);
 - hostile ones on request (``--hostile``): a description that gives the planner orders, a 1 MB input
   schema, ``--many N`` advertised tools, and ``huge(megabytes)`` answering that many MB of text.
 """
@@ -32,13 +34,22 @@ INJECTION = (
 )
 
 
-def build(ledger: str, *, hostile: bool = False, many: int = 0) -> MCPServer:
+def build(ledger: str, *, hostile: bool = False, many: int = 0, variant: str = "") -> MCPServer:
     server = MCPServer("plan-tests")
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
-    def lookup(key: str) -> dict[str, Any]:
-        """Look a key up (read-only)."""
-        return {"key": key, "value": len(key)}
+    if variant == "v2":  # the schema changed: a region is required now
+
+        @server.tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
+        def lookup(key: str, region: str) -> dict[str, Any]:
+            """Look a key up in a region (read-only)."""
+            return {"key": key, "value": len(key), "region": region}
+
+    elif variant != "gone":
+
+        @server.tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
+        def lookup(key: str) -> dict[str, Any]:
+            """Look a key up (read-only)."""
+            return {"key": key, "value": len(key)}
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=False), structured_output=True)
     def record(item: str, ctx: Context, seconds: float = 0.0) -> dict[str, Any]:
@@ -109,8 +120,15 @@ def main() -> None:
     parser.add_argument("--http", type=int, metavar="PORT")
     parser.add_argument("--hostile", action="store_true")
     parser.add_argument("--many", type=int, default=0)
+    parser.add_argument(
+        "--variant-file", help="a file naming the tools' variant: v2 (lookup changed) or gone"
+    )
     args = parser.parse_args()
-    server = build(args.ledger, hostile=args.hostile, many=args.many)
+    variant = ""
+    if args.variant_file and os.path.exists(args.variant_file):
+        with open(args.variant_file, encoding="utf-8") as file:
+            variant = file.read().strip()
+    server = build(args.ledger, hostile=args.hostile, many=args.many, variant=variant)
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.http)
     else:

@@ -145,7 +145,9 @@ class McpConnection:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout, read=timeout))
         return Client(
-            streamable_http_client(self.url, http_client=http), read_timeout_seconds=timeout, cache=None
+            streamable_http_client(self.url, http_client=http, max_sse_event_size=2 * max_bytes),
+            read_timeout_seconds=timeout,
+            cache=None,
         )
 
 
@@ -378,9 +380,7 @@ class McpToolCall:
         timeout = self.server.timeout or conn.timeout
         try:
             result = run_async(lambda: self._call(conn, timeout, params, ctx))
-        except (PermanentToolError, TransientToolError):
-            raise
-        except Exception as error:
+        except Exception as error:  # raised through the SDK's task groups: the first exception inside
             raise self._classified(error) from None
         return self._output(result)
 
@@ -427,6 +427,8 @@ class McpToolCall:
 
         where = f"tool {self.remote_name!r} of MCP server {self.server.conn_id!r}"
         leaf = _leaf(error)
+        if isinstance(leaf, PermanentToolError | TransientToolError):
+            return leaf
         if isinstance(leaf, MCPError) and leaf.code not in (MCP_TIMEOUT_CODE, -32000):
             return PermanentToolError(f"{where}: {bounded_text(leaf.message, MAX_ERROR_CHARS)}")
         return TransientToolError(f"{where}: {describe(error)}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested
 from airflow_plan_provider.plan.references import MissingInput
+from airflow_plan_provider.tools.mcp import McpServer
 from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
 from plan_demo import dataset
 from plan_demo.report import hour_spans, render_report
@@ -296,3 +297,14 @@ def write_report(goal: str, finding: dict, metrics: dict, errors: Any = None, *,
         handle.write(text)
     os.replace(tmp, path)  # a reader sees the old report or the new one, never half of one
     return {"path": str(path), "title": title, "summary": finding.get("sentence", "")}
+
+
+#: The Airflow connection (conn type ``mcp``) of the demo's MCP server (:mod:`plan_demo.mcp_server`).
+MCP_CONN_ID = "plan_demo_mcp"
+#: The tools of the example DAG ``plan_over_mcp``: the read-only queries come from the demo's MCP server
+#: (listed when a run plans, under their own names), the deploy query, the correlation and the report
+#: writer are the Python functions above.
+mcp_registry = ToolRegistry(
+    [registry["query_deploys"], registry["analyze_correlation"], registry["write_report"]],
+    sources=[McpServer(MCP_CONN_ID, prefix="")],
+)
