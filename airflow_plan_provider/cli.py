@@ -9,6 +9,7 @@
                         [--max-nodes N] [--max-depth N]
     airflow-plan run PLAN.json --tools SPEC [--planner SPEC [--max-replans N]] [--max-workers N]
                                [--max-steps N] [--json] [--max-nodes N] [--max-bytes N]
+    airflow-plan tools SPEC [--json]
 
 ``validate`` exits with status 0 and ``{"layers": [...]}`` on stdout for a valid plan; 1 and one line per
 problem on stderr (``code: message [nodes: ...] at path``) for an invalid one; 2 for a usage error, an
@@ -27,6 +28,13 @@ or an installed entry-point name; a planner ``SPEC`` names a planner, or a class
 ``--max-nodes`` and ``--max-depth`` default to :class:`~airflow_plan_provider.plan.validate.Limits`'s
 defaults, the ones a plan DAG applies when built without ``limits=``: a plan these commands accept with
 their defaults is one such a DAG accepts.
+
+``tools`` lists the tools a DAG offers its planner, live: its Python tools and connection tools, and the
+tools its sources (MCP servers) list now, each with where it comes from, whether it needs approval and its
+params (``--json``: the argument schemas too). ``SPEC`` names a registry (as ``--tools`` does) or a plan DAG
+(``dags/plan_over_mcp.py:plan_over_mcp``); a source that cannot be listed is reported, and the exit status
+is 1. Its connections are read as Airflow reads them (``AIRFLOW_CONN_<ID>``, the metadata database, a
+secrets backend).
 
 ``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
 call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or
@@ -126,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_limits(validate)
     _add_freeze(commands)
     _add_run(commands)
+    tools = commands.add_parser(
+        "tools",
+        help="list a DAG's tools live, with where each comes from and its params",
+        description="List the tools a plan DAG (or a registry) offers its planner; its MCP servers are "
+        "asked now.",
+    )
+    tools.add_argument(
+        "spec", metavar="SPEC", help="a registry or a plan DAG, as module:attr or file.py:attr"
+    )
+    tools.add_argument("--json", action="store_true", help="print JSON, with each tool's argument schema")
     return parser
 
 
@@ -409,6 +427,49 @@ def _tools(spec: str) -> ToolRegistry | int:
         return _fail(f"cannot load tools {spec!r}: {detail}")
 
 
+def _list_tools(args: argparse.Namespace) -> int:
+    """``airflow-plan tools``: the tools of a registry or plan DAG, listed now."""
+    from airflow_plan_provider.tools.catalog import tools_table
+
+    try:
+        target = import_spec(args.spec) if ":" in args.spec else load_tools(args.spec)
+        registry = load_tools(getattr(_planning_task(target), "tools", None)) if _is_dag(target) else target
+        registry = load_tools(registry)
+    except (Exception, SystemExit) as error:
+        return _fail(f"cannot load tools {args.spec!r}: {type(error).__name__}: {error}")
+    listed, listing = registry.listed(strict=False)
+    rows = tools_table(listed)
+    if args.json:
+        print(json.dumps({"tools": rows, "sources": listing.summary()}, indent=2, default=str))
+    else:
+        for row in rows:
+            risky = " (needs approval)" if row["needs_approval"] else ""
+            print(printable(f"{row['name']}({row['params']})  [{row['origin']}]{risky}"))
+            if row["description"]:
+                print(printable(f"    {row['description']}"))
+    for source in listing.sources:
+        if source.error:
+            _say(f"airflow-plan: tool source {source.source} not listed: {source.error}")
+        elif source.skipped:
+            _say(
+                f"airflow-plan: tool source {source.source}: {len(source.skipped)} tool(s) left out, "
+                f"first: {source.skipped[0]}"
+            )
+    return EXIT_FAILED if any(source.error for source in listing.sources) else EXIT_OK
+
+
+def _is_dag(value: Any) -> bool:
+    return hasattr(value, "task_dict") and hasattr(value, "dag_id")
+
+
+def _planning_task(dag: Any) -> Any:
+    """The planning task of a plan DAG (the task carrying its planner and tools)."""
+    for task in dag.task_dict.values():
+        if hasattr(task, "planner") and hasattr(task, "tools"):
+            return task
+    raise ValueError(f"DAG {dag.dag_id!r} has no planning task: it was not built by build_plan_dag")
+
+
 def _planner(spec: str) -> Planner | int:
     """The planner ``spec`` names (called when it names a class or a function), or the exit status after
     one line saying why it cannot be loaded."""
@@ -454,6 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _validate(args)
     if args.command == "freeze":
         return _freeze(args)
+    if args.command == "tools":
+        return _list_tools(args)
     if args.command == "run":
         return _run(args)
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first

@@ -5,9 +5,9 @@
 
 Tools:
 - ``lookup(key)``: read-only, answers ``{"key": key, "value": len(key)}``;
-- ``record(item, seconds=0)``: a side effect. It waits ``seconds``, then appends one line to the ledger
-  for each idempotency key it has not seen (the key comes in the request's ``_meta``), and answers how
-  many lines the ledger holds for the key: a call repeated with the same key is not done twice;
+- ``record(item, seconds=0)``: a side effect. It appends one line to the ledger for each idempotency key
+  it has not seen (the key comes in the request's ``_meta``), waits ``seconds``, and answers how many
+  lines the ledger holds for the key: a call repeated with the same key is not done twice;
 - ``broken(reason)``: always answers an error result (``is_error``) carrying ``reason``;
 - ``--variant-file F``: a server started while F says ``v2`` offers ``lookup`` with another schema, and
   while it says ``gone`` offers no ``lookup`` at all (a stdio server starts for every call);
@@ -53,8 +53,7 @@ def build(ledger: str, *, hostile: bool = False, many: int = 0, variant: str = "
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=False), structured_output=True)
     def record(item: str, ctx: Context, seconds: float = 0.0) -> dict[str, Any]:
-        """Record an item once per idempotency key (a side effect)."""
-        time.sleep(seconds)
+        """Record an item once per idempotency key (a side effect), then take ``seconds`` to answer."""
         meta = ctx.request_context.meta
         extra = meta.model_dump() if hasattr(meta, "model_dump") else dict(meta or {})
         key = str(extra.get(IDEMPOTENCY_META_KEY) or "")
@@ -62,6 +61,7 @@ def build(ledger: str, *, hostile: bool = False, many: int = 0, variant: str = "
         if not any(line["key"] == key for line in lines):
             with open(ledger, "a", encoding="utf-8") as out:
                 out.write(json.dumps({"key": key, "item": item, "pid": os.getpid()}) + "\n")
+        time.sleep(seconds)
         return {"item": item, "key": key, "times": sum(line["key"] == key for line in _ledger(ledger)) or 1}
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))

@@ -102,3 +102,19 @@ def catalog_text(tools: Sequence[Tool], *, goal: str = "", budget: int) -> str:
 
 def _size(lines: list[str]) -> int:
     return sum(len(line) + 1 for line in lines)
+
+
+def tools_table(tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
+    """One row per tool, for ``airflow-plan tools``: name, where it comes from, whether it needs approval,
+    its params as a signature, the first line of its description and its argument schema."""
+    return [
+        {
+            "name": name,
+            "origin": tools[name].origin.label(),
+            "needs_approval": tools[name].needs_approval,
+            "params": signature(tools[name].args_schema),
+            "description": one_line(tools[name].description, COMPACT_DESCRIPTION_CHARS),
+            "args_schema": tools[name].args_schema,
+        }
+        for name in sorted(tools)
+    ]

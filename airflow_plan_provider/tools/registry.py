@@ -267,13 +267,14 @@ class ToolRegistry(Mapping[str, Tool]):
             merged.add_source(source)
         return merged
 
-    def listed(self) -> tuple[ToolRegistry, ToolListing]:
+    def listed(self, *, strict: bool = True) -> tuple[ToolRegistry, ToolListing]:
         """Ask every source for its tools (network I/O: the planning task does it, never a DAG parse).
 
         Returns the tools a plan may use now (this registry's own and every listed one) and the listing
         to keep beside the plan (:meth:`with_listing` rebuilds the same tools from it). A source that
         cannot be listed raises :class:`~airflow_plan_provider.exceptions.ToolSourceError`, unless it is
-        not ``required``: its listing then records the error and the run plans without it. A listed
+        not ``required`` (or ``strict`` is false: ``airflow-plan tools`` reports every source): its listing
+        then records the error and the run plans without it. A listed
         tool whose name is already taken is left out, named in its source's listing.
         """
         from airflow_plan_provider.exceptions import ToolSourceError
@@ -284,7 +285,7 @@ class ToolRegistry(Mapping[str, Tool]):
             try:
                 listing = source.list_tools()
             except ToolSourceError as error:
-                if source.required:
+                if source.required and strict:
                     raise
                 listing = SourceListing(source=source.name, error=str(error))
             listings.append(listing)
