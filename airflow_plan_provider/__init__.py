@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         PlanProviderError,
         PlanValidationError,
         ReplanRequested,
+        ToolSourceError,
         TransientToolError,
     )
     from airflow_plan_provider.plan.budgets import Budgets
@@ -36,7 +37,10 @@ if TYPE_CHECKING:
     from airflow_plan_provider.plan.validate import Limits, validate_plan
     from airflow_plan_provider.planners.base import Planner, PlanRequest
     from airflow_plan_provider.settings import ApprovalPolicy, ArtifactStore, ControlRetries, NodeExecution
-    from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
+    from airflow_plan_provider.tools.http import http_tool
+    from airflow_plan_provider.tools.mcp import McpServer
+    from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolOrigin, ToolRegistry
+    from airflow_plan_provider.tools.sql import sql_tool
 
 __version__ = "0.1.0"
 
@@ -47,6 +51,7 @@ _EXPORTS = {
     "ControlRetries": "airflow_plan_provider.settings",
     "Edge": "airflow_plan_provider.plan.model",
     "Limits": "airflow_plan_provider.plan.validate",
+    "McpServer": "airflow_plan_provider.tools.mcp",
     "Node": "airflow_plan_provider.plan.model",
     "NodeExecution": "airflow_plan_provider.settings",
     "PermanentToolError": "airflow_plan_provider.exceptions",
@@ -63,13 +68,17 @@ _EXPORTS = {
     "SessionResult": "airflow_plan_provider.plan.result",
     "Tool": "airflow_plan_provider.tools.registry",
     "ToolContext": "airflow_plan_provider.tools.registry",
+    "ToolOrigin": "airflow_plan_provider.tools.registry",
     "ToolRegistry": "airflow_plan_provider.tools.registry",
+    "ToolSourceError": "airflow_plan_provider.exceptions",
     "TransientToolError": "airflow_plan_provider.exceptions",
     "ValidatedPlan": "airflow_plan_provider.plan.model",
     "build_plan_dag": "airflow_plan_provider.dag_factory",
+    "http_tool": "airflow_plan_provider.tools.http",
     "merge_replan": "airflow_plan_provider.plan.merge",
     "plan_diff": "airflow_plan_provider.plan.merge",
     "plan_task_group": "airflow_plan_provider.dag_factory",
+    "sql_tool": "airflow_plan_provider.tools.sql",
     "validate_plan": "airflow_plan_provider.plan.validate",
 }
 
@@ -80,6 +89,7 @@ __all__ = [
     "ControlRetries",
     "Edge",
     "Limits",
+    "McpServer",
     "Node",
     "NodeExecution",
     "PermanentToolError",
@@ -96,13 +106,17 @@ __all__ = [
     "SessionResult",
     "Tool",
     "ToolContext",
+    "ToolOrigin",
     "ToolRegistry",
+    "ToolSourceError",
     "TransientToolError",
     "ValidatedPlan",
     "build_plan_dag",
+    "http_tool",
     "merge_replan",
     "plan_diff",
     "plan_task_group",
+    "sql_tool",
     "validate_plan",
 ]
 

@@ -7,6 +7,8 @@ visitor in as admin (no login); the API server listens on 127.0.0.1 only. Ctrl-C
 every process this script started, and only those.
 
 ``AIRFLOW_CONN_PLAN_LLM_DEFAULT`` in the environment, if set, is passed on (the LLM DAG's connection).
+``plan_over_mcp``'s connection, ``plan_demo_mcp``, starts the demo's MCP server over stdio
+(``dags/plan_demo/mcp_server.py``), unless ``AIRFLOW_CONN_PLAN_DEMO_MCP`` names another.
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def _demo_mcp_connection() -> str:
+    """The demo MCP server's connection: its stdio server, started by each call with this interpreter."""
+    sys.path.insert(0, str(ROOT / "dags"))
+    from plan_demo.mcp_server import connection
+
+    return connection()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080, help="UI and API port on 127.0.0.1 (8080)")
@@ -83,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     # Installed even where the shell started us with SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, _stop_on)
     signal.signal(signal.SIGTERM, _stop_on)
-    env = _stable_secrets(home) | {"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
+    env = _stable_secrets(home) | {
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW_CONN_PLAN_DEMO_MCP": os.environ.get("AIRFLOW_CONN_PLAN_DEMO_MCP") or _demo_mcp_connection(),
+    }
     cluster = AirflowCluster(ROOT / "dags", home=home, port=args.port, env=env, startup_timeout=180)
     url = cluster.base_url
     code = 0

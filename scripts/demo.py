@@ -1,8 +1,10 @@
 """Run the example plan DAG end to end on a local Airflow (SQLite, LocalExecutor, offline planner).
 
 Starts the scheduler, dag-processor, api-server and triggerer as separate processes on a temporary
-AIRFLOW_HOME, triggers ``plan_and_execute`` through the REST API, waits for the whole session (including
-its replan run) and prints the SessionResult and the report.
+AIRFLOW_HOME, triggers ``plan_over_mcp`` through the REST API (its queries are the tools of the demo's MCP
+server, ``dags/plan_demo/mcp_server.py``, started over stdio through the connection ``plan_demo_mcp``),
+waits for the whole session (including its replan run) and prints where each tool came from, the
+SessionResult and the report.
 """
 
 from __future__ import annotations
@@ -16,16 +18,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
+from airflow_plan_provider.contract import PLAN_TASK, TOOLS_KEY
+from airflow_plan_provider.tools.registry import ToolOrigin
 from harness.cluster import AirflowCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-DAG_ID = "plan_and_execute"
+DAG_ID = "plan_over_mcp"
 
 
 def main() -> int:
     out = Path(os.environ.get("PLAN_DEMO_OUTPUT", ROOT / "output"))
     out.mkdir(parents=True, exist_ok=True)
     env = {"PLAN_REPORT_DIR": str(out / "reports"), "PLAN_DEMO_DB": str(out / "demo.sqlite")}
+    sys.path.insert(0, str(ROOT / "dags"))
+    from plan_demo.mcp_server import connection
+
+    env["AIRFLOW_CONN_PLAN_DEMO_MCP"] = connection(database=env["PLAN_DEMO_DB"])
     started = time.monotonic()
     print(
         f"starting Airflow (scheduler, dag-processor, api-server, triggerer) with dags from {ROOT / 'dags'}"
@@ -46,6 +54,13 @@ def main() -> int:
             print(f"run {run_id} ended {state} without a SessionResult", file=sys.stderr)
             print(cluster.diagnostics(), file=sys.stderr)
             return 1
+        print()
+        listing = cluster.xcom(DAG_ID, run_id, PLAN_TASK, TOOLS_KEY) or {}
+        for source in listing.get("sources", []):
+            names = ", ".join(tool["name"] for tool in source.get("tools", []))
+            print(f"tool source {source['source']}: {names or source.get('error')}")
+        for tool, origin in sorted(listing.get("origins", {}).items()):
+            print(f"  {tool:<22} <- {ToolOrigin.from_dict(origin).label()}")
         print()
         print(result.summary_text())
         report = (

@@ -62,13 +62,15 @@ def query_error_logs(service: str, day: str = "yesterday") -> dict[str, Any]:
     return _answer(tools.query_error_logs, service=service, day=day)
 
 
-def connection(transport: str = "stdio", port: int | None = None) -> str:
+def connection(transport: str = "stdio", port: int | None = None, database: str | None = None) -> str:
     """The ``plan_demo_mcp`` connection as the JSON of an ``AIRFLOW_CONN_PLAN_DEMO_MCP`` variable: the
-    stdio server started with this interpreter (with the demo's package and data), or the HTTP one."""
+    stdio server started with this interpreter (with the demo's package, and its data at ``database``,
+    default ``$PLAN_DEMO_DB``), or the HTTP one on ``port``."""
     if transport == "http":
         return json.dumps({"conn_type": "mcp", "host": f"http://127.0.0.1:{port}/mcp"})
     dags = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {"PYTHONPATH": dags, **{k: os.environ[k] for k in ("PLAN_DEMO_DB",) if k in os.environ}}
+    database = database or os.environ.get("PLAN_DEMO_DB")
+    env = {"PYTHONPATH": dags, **({"PLAN_DEMO_DB": database} if database else {})}
     extra = {
         "transport": "stdio",
         "command": sys.executable,
