@@ -8,6 +8,7 @@ Tools:
 - ``record(item, seconds=0)``: a side effect. It appends one line to the ledger for each idempotency key
   it has not seen (the key comes in the request's ``_meta``), waits ``seconds``, and answers how many
   lines the ledger holds for the key: a call repeated with the same key is not done twice;
+- ``purge(table)``: destructive (annotated so), writes a ledger line;
 - ``broken(reason)``: always answers an error result (``is_error``) carrying ``reason``;
 - ``--variant-file F``: a server started while F says ``v2`` offers ``lookup`` with another schema, and
   while it says ``gone`` offers no ``lookup`` at all (a stdio server starts for every call);
@@ -63,6 +64,13 @@ def build(ledger: str, *, hostile: bool = False, many: int = 0, variant: str = "
                 out.write(json.dumps({"key": key, "item": item, "pid": os.getpid()}) + "\n")
         time.sleep(seconds)
         return {"item": item, "key": key, "times": sum(line["key"] == key for line in _ledger(ledger)) or 1}
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True), structured_output=True)
+    def purge(table: str) -> dict[str, Any]:
+        """Delete a table's stale rows (destructive: a plan calling it waits for approval)."""
+        with open(ledger, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"key": "purge", "item": table, "pid": os.getpid()}) + "\n")
+        return {"purged": table}
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def broken(reason: str) -> str:

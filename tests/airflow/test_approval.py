@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -493,3 +494,44 @@ def test_an_approval_rejected_through_the_api_runs_no_node_and_fails_the_session
 
     shown = answer.client.get(answer.path, headers=answer.headers("alice")).json()
     assert shown["chosen_options"] == ["Reject"] and shown["responded_by_user"]["id"] == "alice"
+
+
+@pytest.mark.airflow
+def test_a_destructive_mcp_tool_waits_for_approval_and_a_rejection_runs_no_node(
+    tmp_path, hitl_api, monkeypatch
+):
+    """A tool its MCP server annotates as destructive counts as risky: the approve task asks before any
+    node runs (the read-only lookup is not asked about), and a rejection runs nothing on the server."""
+    import sys
+
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.tools.mcp import McpServer
+    from tests.airflow.support import task_states, xcom
+
+    ledger = tmp_path / "ledger.jsonl"
+    server = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
+    extra = {"transport": "stdio", "command": sys.executable, "args": [server, "--ledger", str(ledger)]}
+    monkeypatch.setenv("AIRFLOW_CONN_APV_MCP", json.dumps({"conn_type": "mcp", "extra": extra}))
+    plan = {
+        "goal": PURGE_PLAN["goal"],
+        "nodes": [
+            {"id": "1", "action": "count stale rows", "tool": "apv_mcp.lookup", "params": {"key": "stale"}},
+            {"id": "2", "action": "purge stale rows", "tool": "apv_mcp.purge", "params": {"table": "stale"}},
+        ],
+        "edges": [{"from": "1", "to": "2"}],
+    }
+    dag = build_plan_dag(
+        "apv_mcp_rejected",
+        planner=ScriptedPlanner(plan),
+        tools=ToolRegistry(sources=[McpServer("apv_mcp")]),
+        approval=ApprovalPolicy(approvers=["alice"], timeout=timedelta(minutes=10)),
+        execution=NodeExecution(retries=0, retry_delay=timedelta(0)),
+    )
+
+    run, answer = run_answered(dag, hitl_api, "Reject")
+
+    assert answer.request is not None and "purge stale rows" in answer.request["body"]
+    recorded = xcom(run, APPROVE_TASK, key=APPROVAL_KEY)
+    assert (recorded["status"], recorded["nodes"]) == ("rejected", ["2"])
+    assert all(state != "success" for task, state in task_states(run).items() if task.startswith(NODES_TASK))
+    assert not ledger.exists()  # nothing ran on the server
