@@ -118,6 +118,48 @@ def test_the_example_plans_over_the_demo_mcp_server(tmp_path, monkeypatch):
     assert session.result.outputs["1"] == tools.query_metrics(service="payment-api", day="yesterday")
     assert root.node_states["1"] == "success"
 
+    # the plan view: each node's origin, and what the source listed, in the revision's summary
+    from airflow.utils.session import create_session
+
+    from airflow_plan_provider.plugins.data import plan_view
+    from airflow_plan_provider.plugins.store import load_chain
+
+    with create_session() as db:
+        chain = load_chain(db, root.dag_id, root.run_id)
+    assert chain is not None
+    first = plan_view(root.dag_id, root.run_id, chain)["runs"][0]
+    origins = {node["id"]: node["origin"] for node in first["nodes"]}
+    assert origins["1"] == "mcp · conn plan_demo_mcp · query_metrics"
+    assert origins["3"] == "python · plan_demo.tools.query_deploys"
+    (summary,) = first["tool_sources"]
+    assert summary["source"] == "mcp:plan_demo_mcp" and summary["advertised"] == 3
+
+
+def test_a_dag_declaring_a_server_parses_without_it_serializes_stably_and_names_it(monkeypatch):
+    """Declaring a server does no I/O (no connection is defined here, nothing listens): the DAG builds,
+    its serialized form is the same on every build, the trigger form names the server, and the
+    server's pool gets node tasks of its own."""
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization
+    except ImportError:  # Airflow before 3.2
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
+
+    monkeypatch.delenv("AIRFLOW_CONN_NOWHERE", raising=False)
+
+    def build() -> Any:
+        registry = ToolRegistry(sources=[McpServer("nowhere", pool="mcp_pool", include=["a", "b"])])
+        return build_plan_dag("mcp_declared", planner=ScriptedPlanner(PLAN_FLIP), tools=registry)
+
+    hashes = {LazyDeserializedDAG(data=DagSerialization.to_dict(build())).hash for _ in range(2)}
+    dag = build()
+    assert len(hashes) == 1
+    assert "nodes__mcp_pool" in dag.task_dict and dag.task_dict["nodes__mcp_pool"].pool == "mcp_pool"
+    assert "approve" in dag.task_dict  # a server's tools may be destructive: the task asks when one is
+    form = json.dumps(dag.params.get_param("plan").dump())
+    assert "the tools of MCP server `nowhere` (Airflow connection), named `nowhere.<tool>`" in form
+
 
 def _dag_run(run: Any) -> Any:
     from types import SimpleNamespace
@@ -146,7 +188,7 @@ def test_an_error_result_fails_its_node_for_good_and_the_replan_revises_around_i
     stdio_connection("t", "--ledger", str(tmp_path / "ledger.jsonl"), monkeypatch=monkeypatch)
     log = CallLog(tmp_path / "calls")
     registry = scripted_registry(ScriptedTool("report", log=log, returns=lambda p: {"report": p["found"]}))
-    registry.add_source(McpServer("t"))
+    registry.add_source(McpServer("t", pool="default_pool"))  # its nodes run in the pool's lane
     planner = ScriptedPlanner(PLAN_BROKEN, on_error=[("broken on purpose", AROUND_BROKEN)])
     dag = build_plan_dag(
         "mcp_is_error",
@@ -161,6 +203,7 @@ def test_an_error_result_fails_its_node_for_good_and_the_replan_revises_around_i
     assert root.node_states == {"a": "failed", "b": "skipped"}
     records = {k: v for k, v in run_xcoms(_dag_run(root)).items() if k[2] == "node"}
     (failed,) = [r for r in records.values() if r["node_id"] == "a"]
+    assert {task for (task, _, _), r in records.items() if r["node_id"] == "a"} == {"nodes__default_pool"}
     assert failed["attempts"] == 1  # an error result is permanent: no retry
     assert "tool 'broken' of MCP server 't' answered with an error" in failed["error"]
     assert "broken on purpose: quota" in failed["error"]
