@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from airflow_plan_provider.plan.validate import Limits, validate_plan
     from airflow_plan_provider.planners.base import Planner, PlanRequest
     from airflow_plan_provider.settings import ApprovalPolicy, ArtifactStore, ControlRetries, NodeExecution
+    from airflow_plan_provider.tools.common_ai import common_ai_tools
     from airflow_plan_provider.tools.http import http_tool
     from airflow_plan_provider.tools.mcp import McpServer
     from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolOrigin, ToolRegistry
@@ -74,6 +75,7 @@ _EXPORTS = {
     "TransientToolError": "airflow_plan_provider.exceptions",
     "ValidatedPlan": "airflow_plan_provider.plan.model",
     "build_plan_dag": "airflow_plan_provider.dag_factory",
+    "common_ai_tools": "airflow_plan_provider.tools.common_ai",
     "http_tool": "airflow_plan_provider.tools.http",
     "merge_replan": "airflow_plan_provider.plan.merge",
     "plan_diff": "airflow_plan_provider.plan.merge",
@@ -112,6 +114,7 @@ __all__ = [
     "TransientToolError",
     "ValidatedPlan",
     "build_plan_dag",
+    "common_ai_tools",
     "http_tool",
     "merge_replan",
     "plan_diff",

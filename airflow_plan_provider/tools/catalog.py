@@ -5,8 +5,9 @@ cannot open a section of its own in the prompt), and its argument schema. Three 
 fits the budget:
 
 1. *full*: each tool with its whole argument JSON Schema (what a planner needs to write valid params);
-2. *compact*: each tool with its params as a signature (``service: string, day?: string``) and the first
-   sentence of its description: about 150 characters a tool, so 500 tools fit in 60,000 characters;
+2. *compact*: each tool with its params as a signature (``service: str, day?: str``) and the first
+   sentence of its description (80 characters at most): about 110 characters a tool, so 500 tools fit in
+   60,000 characters;
 3. *for the goal*: the compact lines of the tools whose name and description share the most words with
    the goal, as many as fit, and a last line counting the tools left out.
 
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.registry import Tool
 
-COMPACT_DESCRIPTION_CHARS = 160
+COMPACT_DESCRIPTION_CHARS = 80
 FULL_DESCRIPTION_CHARS = 1_000
 WORD = re.compile(r"[a-z0-9]+")
+SHORT_TYPES = {"string": "str", "integer": "int", "boolean": "bool"}  # in compact signatures
 
 
 def one_line(text: str, limit: int) -> str:
@@ -45,7 +47,8 @@ def full_line(tool: Tool) -> str:
 
 
 def signature(schema: Mapping[str, Any]) -> str:
-    """``name: type, other?: type`` from an object schema's properties (``?``: optional)."""
+    """``name: type, other?: type`` from an object schema's properties (``?``: optional; ``str``, ``int``
+    and ``bool`` stand for JSON's string, integer and boolean)."""
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     if not isinstance(properties, Mapping):
         return "" if not schema or schema.get("type") == "object" else json.dumps(schema)[:200]
@@ -55,7 +58,8 @@ def signature(schema: Mapping[str, Any]) -> str:
         kind: Any = spec.get("type", "any") if isinstance(spec, Mapping) else "any"
         if isinstance(spec, Mapping) and "enum" in spec and isinstance(spec["enum"], list):
             kind = "|".join(json.dumps(v) for v in spec["enum"][:8])
-        kind = "/".join(map(str, kind)) if isinstance(kind, list) else str(kind)
+        kinds = kind if isinstance(kind, list) else [kind]
+        kind = "/".join(SHORT_TYPES.get(str(k), str(k)) for k in kinds)
         parts.append(f"{one_line(str(name), 64)}{'' if name in required else '?'}: {one_line(kind, 80)}")
     return ", ".join(parts)
 
@@ -81,7 +85,7 @@ def catalog_text(tools: Sequence[Tool], *, goal: str = "", budget: int) -> str:
     if _size(full) <= budget:
         return "\n".join(full)
     compact = [compact_line(t) for t in ordered]
-    header = "(compact: each tool's params as name: type, '?' marks an optional one)"
+    header = "(compact: each tool's params as name: type, '?' marks an optional one; str/int/bool: JSON)"
     if _size(compact) + len(header) <= budget:
         return "\n".join([header, *compact])
     goal_words = set(WORD.findall(goal.lower()))

@@ -186,7 +186,7 @@ def test_the_planners_prompt_stays_within_the_catalog_budget(count):
     if count == 10:
         assert "args JSON Schema" in prompt  # few tools: the whole schemas
     if count == 500:
-        assert "(compact:" in prompt and "src.refunds_2(service: string, day?: string)" in prompt
+        assert "(compact:" in prompt and "src.refunds_2(service: str, day?: str)" in prompt
     if count == 5000:  # the tools nearest the goal, and a count of the rest
         assert "src.refunds_2(" in prompt and "more tools not shown" in prompt
         assert "src.latency_0(" not in prompt
