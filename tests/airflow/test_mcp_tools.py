@@ -335,3 +335,66 @@ def test_a_plan_or_conf_cannot_reach_a_server_the_dag_does_not_name(tmp_path, mo
     )
     assert not marker.exists()
     assert os.environ.get("AIRFLOW_CONN_OTHER")  # the connection exists: only the DAG could name it
+
+
+def test_a_large_result_goes_to_the_artifact_store_and_the_envs_values_are_masked(tmp_path, monkeypatch):
+    """A result over the XCom threshold is stored as an artifact, as any tool's output; the values of
+    the stdio connection's env are registered with Airflow's secrets masker when it is read."""
+    from airflow_plan_provider import ArtifactStore
+    from airflow_plan_provider.compat import redact
+
+    secret = "env-secret-6b1d42c9"
+    extra = {
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": [str(SERVER), "--ledger", str(tmp_path / "l.jsonl"), "--hostile"],
+        "env": {"WAREHOUSE_TOKEN": secret},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_T", json.dumps({"conn_type": "mcp", "extra": extra}))
+    plan = {
+        "goal": "fetch a megabyte",
+        "nodes": [{"id": "big", "action": "fetch a megabyte", "tool": "t.huge", "params": {"megabytes": 1}}],
+        "edges": [],
+    }
+    dag = build_plan_dag(
+        "mcp_large_result",
+        planner=ScriptedPlanner(plan),
+        tools=ToolRegistry(sources=[McpServer("t", include=["huge"])]),
+        artifacts=ArtifactStore(url=f"file://{tmp_path / 'store'}", threshold=100_000),
+    )
+
+    session = run_session(dag, {"goal": "fetch a megabyte"})
+
+    (run,) = session.runs
+    (record,) = [v for k, v in run_xcoms(_dag_run(run)).items() if k[2] == "node"]
+    assert record["status"] == "success" and record["output"] is None
+    assert record["artifact"]["size"] == len(json.dumps({"result": "x" * 1_000_000}))  # structured content
+    assert redact(f"token {secret}") == "token ***"
+
+
+def test_the_cli_lists_a_registrys_tools_live_with_their_origin(tmp_path, monkeypatch):
+    stdio_connection("t", "--ledger", str(tmp_path / "l.jsonl"), monkeypatch=monkeypatch)
+    spec = tmp_path / "spec_tools.py"
+    spec.write_text(
+        "from airflow_plan_provider import McpServer, ToolRegistry\n"
+        "registry = ToolRegistry(sources=[McpServer('t'), McpServer('down', required=True)])\n"
+        "@registry.tool(description='Say hello.')\n"
+        "def hello(name: str) -> str:\n"
+        "    return name\n"
+    )
+    cli = Path(sys.executable).with_name("airflow-plan")
+
+    listed = subprocess.run(
+        [str(cli), "tools", f"{spec}:registry"], capture_output=True, text=True, timeout=120
+    )
+    as_json = subprocess.run(
+        [str(cli), "tools", f"{spec}:registry", "--json"], capture_output=True, text=True, timeout=120
+    )
+
+    assert listed.returncode == 1  # a source could not be listed
+    assert "hello(name: str)  [python · spec_tools.hello]" in listed.stdout
+    assert "t.lookup(key: str)  [mcp · conn t · lookup]" in listed.stdout
+    assert "t.purge(table: str)  [mcp · conn t · purge] (needs approval)" in listed.stdout
+    assert "tool source mcp:down not listed: MCP connection 'down' cannot be read" in listed.stderr
+    rows = {row["name"]: row for row in json.loads(as_json.stdout)["tools"]}
+    assert rows["t.lookup"]["args_schema"]["required"] == ["key"]
