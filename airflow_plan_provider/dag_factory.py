@@ -148,8 +148,8 @@ def plan_params(
     """The trigger form: a goal, an optional ready plan (with the DAG's ``tools`` listed beside it), and
     the session budgets."""
     budgets = budgets or Budgets()
-    offered = tools is not None and (len(tools) or getattr(tools, "sources", ()))
-    listed = f"\n\nThis DAG's tools:\n\n{tools_markdown(tools)}" if offered else ""
+    offered = tools is not None and bool(len(tools) or (isinstance(tools, ToolRegistry) and tools.sources))
+    listed = f"\n\nThis DAG's tools:\n\n{tools_markdown(tools)}" if tools is not None and offered else ""
     return {
         "goal": Param(goal, type="string", title="Goal", description="What the plan should achieve."),
         "plan": Param(

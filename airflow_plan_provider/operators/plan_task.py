@@ -35,7 +35,12 @@ from airflow_plan_provider.contract import (
     mapped_values,
     node_briefs,
 )
-from airflow_plan_provider.exceptions import PlanningError, PlanProviderError, PlanValidationError
+from airflow_plan_provider.exceptions import (
+    PlanningError,
+    PlanProviderError,
+    PlanValidationError,
+    ToolSourceError,
+)
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.plan.budgets import Budgets
@@ -169,7 +174,12 @@ class PlanOperator(BaseOperator):
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
-        tools, listing = self._listed_tools()
+        try:
+            tools, listing = self._listed_tools()
+        except ToolSourceError as error:
+            if ti.try_number <= (self.retries or 0):
+                raise  # Airflow retries the task: a server restarting is back by a later try
+            self._fail(ti, state, PlanningError(f"a tool source could not be listed: {error}"))
         dag_plan = None
         if self.ready_plan is not None and params.get("plan"):
             self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))

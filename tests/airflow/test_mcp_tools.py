@@ -398,3 +398,25 @@ def test_the_cli_lists_a_registrys_tools_live_with_their_origin(tmp_path, monkey
     assert "tool source mcp:down not listed: MCP connection 'down' cannot be read" in listed.stderr
     rows = {row["name"]: row for row in json.loads(as_json.stdout)["tools"]}
     assert rows["t.lookup"]["args_schema"]["required"] == ["key"]
+
+
+def test_a_server_that_cannot_be_listed_fails_planning_naming_it_once_retries_are_spent(monkeypatch):
+    from airflow_plan_provider import ControlRetries
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DOWN", json.dumps({"conn_type": "mcp", "host": "http://127.0.0.1:9/mcp"})
+    )
+    dag = build_plan_dag(
+        "mcp_down",
+        planner=ScriptedPlanner(PLAN_FLIP),
+        tools=ToolRegistry(sources=[McpServer("down", timeout=5)]),
+        control_retries=ControlRetries(retries=0),
+    )
+
+    session = run_session(dag, {"goal": "g"})
+
+    assert session.result.status == "failed"
+    assert "a tool source could not be listed: MCP server 'down' could not be listed" in (
+        session.result.message or ""
+    )
+    assert session.runs[0].node_states == {}  # nothing planned, nothing ran
