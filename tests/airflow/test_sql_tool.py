@@ -12,7 +12,8 @@ import pytest
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
 from airflow_plan_provider.tools.registry import ToolContext, ToolOrigin, ToolRegistry
-from airflow_plan_provider.tools.sql import check_query, parse_table, sql_tool
+from airflow_plan_provider.tools.sql import sql_tool
+from airflow_plan_provider.tools.sql_check import check_query, parse_table
 
 psycopg = pytest.importorskip("psycopg")
 
