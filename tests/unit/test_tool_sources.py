@@ -13,7 +13,8 @@ from airflow_plan_provider.exceptions import ToolSourceError
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.planners.llm_prompt import system_prompt
-from airflow_plan_provider.tools.mcp import McpConnection, McpServer
+from airflow_plan_provider.tools.mcp import McpServer
+from airflow_plan_provider.tools.mcp_connection import McpConnection
 from airflow_plan_provider.tools.registry import CATALOG_BUDGET, Tool, ToolRegistry
 from airflow_plan_provider.tools.sources import SourceListing, ToolListing
 
