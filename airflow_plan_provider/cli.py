@@ -29,7 +29,8 @@ or an installed entry-point name; a planner ``SPEC`` names a planner, or a class
 defaults, the ones a plan DAG applies when built without ``limits=``: a plan these commands accept with
 their defaults is one such a DAG accepts.
 
-``tools`` lists the tools a DAG offers its planner, live: its Python tools and connection tools, and the
+``validate --tools``, ``run`` and ``freeze`` ask a registry's sources for their tools first, as a plan
+DAG's planning task does. ``tools`` lists the tools a DAG offers its planner, live: its Python tools and connection tools, and the
 tools its sources (MCP servers) list now, each with where it comes from, whether it needs approval and its
 params (``--json``: the argument schemas too). ``SPEC`` names a registry (as ``--tools`` does) or a plan DAG
 (``dags/plan_over_mcp.py:plan_over_mcp``); a source that cannot be listed is reported, and the exit status
@@ -418,9 +419,11 @@ def _plan_bytes(args: argparse.Namespace) -> bytes | int:
 
 
 def _tools(spec: str) -> ToolRegistry | int:
-    """The registry ``spec`` names, or the exit status after one line saying why it cannot be loaded."""
+    """The registry ``spec`` names, with the tools its sources list now, or the exit status after one
+    line saying why it cannot be loaded (or a source listed)."""
     try:
-        return load_tools(spec)
+        registry = load_tools(spec)
+        return registry.listed()[0] if registry.sources else registry
     except (Exception, SystemExit) as error:  # a tool module may raise anything: one line, no traceback
         # load_tools's ImportError already names the module and the error it raised
         detail = str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}"
