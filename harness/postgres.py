@@ -54,6 +54,32 @@ class PostgresDatabase:
         finally:
             conn.close()
 
+    def run(self, *statements: str) -> None:
+        """Run ``statements`` in the new database, in one transaction (a test's tables and rows)."""
+        import psycopg2
+
+        conn: Any = psycopg2.connect(
+            self.url.replace("postgresql+psycopg2", "postgresql"), connect_timeout=10
+        )
+        try:
+            with conn, conn.cursor() as cur:
+                for statement in statements:
+                    cur.execute(statement)
+        finally:
+            conn.close()
+
+    def connection(self) -> dict[str, Any]:
+        """The database as an Airflow connection of conn type ``postgres`` (the JSON of an
+        ``AIRFLOW_CONN_<ID>`` variable, as a dict)."""
+        parts = urllib.parse.urlsplit(self.server)
+        return {
+            "conn_type": "postgres",
+            "host": parts.hostname or "127.0.0.1",
+            "port": parts.port or 5432,
+            "login": parts.username or "postgres",
+            "schema": self.name,
+        }
+
     def create(self) -> PostgresDatabase:
         self._execute(f'CREATE DATABASE "{self.name}"')
         self.created = True

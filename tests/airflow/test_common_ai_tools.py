@@ -22,14 +22,11 @@ CTX = ToolContext(node_id="n", idempotency_key="k")
 
 @pytest.fixture(scope="module")
 def warehouse() -> Iterator[PostgresDatabase]:
-    import psycopg2
-
     with PostgresDatabase(prefix="plan_cai") as database:
-        conn = psycopg2.connect(database.url.replace("postgresql+psycopg2", "postgresql"))
-        with conn, conn.cursor() as cursor:
-            cursor.execute("CREATE TABLE invoices (id int PRIMARY KEY, customer text)")
-            cursor.execute("INSERT INTO invoices VALUES (1, 'acme'), (2, 'globex')")
-        conn.close()
+        database.run(
+            "CREATE TABLE invoices (id int PRIMARY KEY, customer text)",
+            "INSERT INTO invoices VALUES (1, 'acme'), (2, 'globex')",
+        )
         yield database
 
 
@@ -38,14 +35,7 @@ def toolset(warehouse: PostgresDatabase, monkeypatch: pytest.MonkeyPatch) -> Any
     from airflow.providers.common.ai.toolsets.hook import HookToolset
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-    conn = {
-        "conn_type": "postgres",
-        "host": "127.0.0.1",
-        "port": 5432,
-        "login": "postgres",
-        "schema": warehouse.name,
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_CAI_WAREHOUSE", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_CAI_WAREHOUSE", json.dumps(warehouse.connection()))
     return HookToolset(PostgresHook(postgres_conn_id="cai_warehouse"), allowed_methods=["get_records"])
 
 

@@ -77,14 +77,11 @@ class HttpServer:
 @pytest.fixture(scope="module")
 def orders_db() -> Iterator[PostgresDatabase]:
     require_postgres_and_redis()
-    import psycopg2
-
     with PostgresDatabase(prefix="plan_mcp") as database:
-        conn = psycopg2.connect(database.url.replace("postgresql+psycopg2", "postgresql"))
-        with conn, conn.cursor() as cursor:
-            cursor.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10, 2))")
-            cursor.execute("INSERT INTO orders VALUES (1, 12.50), (2, 7.25), (3, 30.00)")
-        conn.close()
+        database.run(
+            "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10, 2))",
+            "INSERT INTO orders VALUES (1, 12.50), (2, 7.25), (3, 30.00)",
+        )
         yield database
 
 
@@ -107,15 +104,7 @@ def mcp_cluster(
         "AIRFLOW_CONN_E2E_MCP_HTTP": json.dumps(
             {"conn_type": "mcp", "host": f"http://127.0.0.1:{http.port}/mcp", "password": TOKEN}
         ),
-        "AIRFLOW_CONN_E2E_PG": json.dumps(
-            {
-                "conn_type": "postgres",
-                "host": "127.0.0.1",
-                "port": 5432,
-                "login": "postgres",
-                "schema": orders_db.name,
-            }
-        ),
+        "AIRFLOW_CONN_E2E_PG": json.dumps(orders_db.connection()),
     }
     try:
         with plan_cluster(base, [E2E_DAGS / "mcp_source_dags.py"], DAGS, env=env) as cluster:
