@@ -22,7 +22,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from airflow_plan_provider.plan.base_model import Model
 
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.registry import Tool
@@ -34,7 +36,7 @@ def schema_digest(schema: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class ListedTool(BaseModel):
+class ListedTool(Model):
     """One tool a source listed, as the planner saw it.
 
     :param name: the name plan nodes use (the source's prefix, then the server's name).
@@ -57,7 +59,7 @@ class ListedTool(BaseModel):
     annotations: dict[str, Any] = Field(default_factory=dict)
 
 
-class SourceListing(BaseModel):
+class SourceListing(Model):
     """What one source listed when a run planned: its tools, and what it left out and why.
 
     :param source: the source's name (:attr:`ToolSource.name`).
@@ -79,7 +81,7 @@ class SourceListing(BaseModel):
     error: str | None = None
 
 
-class ToolListing(BaseModel):
+class ToolListing(Model):
     """Every source's listing of one planning, and where each tool the plan calls comes from (kept beside
     the plan, XCom ``tools``)."""
 

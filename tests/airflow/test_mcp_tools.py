@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider import Budgets, NodeExecution, build_plan_dag
-from airflow_plan_provider.contract import PLAN_TASK, TOOLS_KEY
+from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, PLAN_TASK, TOOLS_KEY, lane_task_id
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
@@ -155,8 +155,9 @@ def test_a_dag_declaring_a_server_parses_without_it_serializes_stably_and_names_
     hashes = {LazyDeserializedDAG(data=DagSerialization.to_dict(build())).hash for _ in range(2)}
     dag = build()
     assert len(hashes) == 1
-    assert "nodes__mcp_pool" in dag.task_dict and dag.task_dict["nodes__mcp_pool"].pool == "mcp_pool"
-    assert "approve" in dag.task_dict  # a server's tools may be destructive: the task asks when one is
+    lane = lane_task_id("mcp_pool")
+    assert lane in dag.task_dict and dag.task_dict[lane].pool == "mcp_pool"
+    assert APPROVE_TASK in dag.task_dict  # a server's tools may be destructive: the task asks when one is
     form = json.dumps(dag.params.get_param("plan").dump())
     assert "the tools of MCP server `nowhere` (Airflow connection), named `nowhere.<tool>`" in form
 
@@ -201,9 +202,10 @@ def test_an_error_result_fails_its_node_for_good_and_the_replan_revises_around_i
 
     root, child = session.runs
     assert root.node_states == {"a": "failed", "b": "skipped"}
-    records = {k: v for k, v in run_xcoms(_dag_run(root)).items() if k[2] == "node"}
+    records = {k: v for k, v in run_xcoms(_dag_run(root)).items() if k[2] == NODE_KEY}
     (failed,) = [r for r in records.values() if r["node_id"] == "a"]
-    assert {task for (task, _, _), r in records.items() if r["node_id"] == "a"} == {"nodes__default_pool"}
+    lanes = {task for (task, _, _), r in records.items() if r["node_id"] == "a"}
+    assert lanes == {lane_task_id("default_pool")}
     assert failed["attempts"] == 1  # an error result is permanent: no retry
     assert "tool 'broken' of MCP server 't' answered with an error" in failed["error"]
     assert "broken on purpose: quota" in failed["error"]
@@ -255,7 +257,7 @@ def test_a_tool_changed_or_gone_since_planning_fails_its_node_naming_the_tool(
     (run,) = session.runs
     assert run.node_states == {"flip": "success", "look": "failed"}
     assert session.result.status == "failed"
-    records = [v for k, v in run_xcoms(_dag_run(run)).items() if k[2] == "node" and v["node_id"] == "look"]
+    records = [v for k, v in run_xcoms(_dag_run(run)).items() if k[2] == NODE_KEY and v["node_id"] == "look"]
     assert f"tool 'lookup' of MCP server 't' {words}" in records[0]["error"]
     assert records[0]["attempts"] == 1
 
@@ -366,7 +368,7 @@ def test_a_large_result_goes_to_the_artifact_store_and_the_envs_values_are_maske
     session = run_session(dag, {"goal": "fetch a megabyte"})
 
     (run,) = session.runs
-    (record,) = [v for k, v in run_xcoms(_dag_run(run)).items() if k[2] == "node"]
+    (record,) = [v for k, v in run_xcoms(_dag_run(run)).items() if k[2] == NODE_KEY]
     assert record["status"] == "success" and record["output"] is None
     assert record["artifact"]["size"] == len(json.dumps({"result": "x" * 1_000_000}))  # structured content
     assert redact(f"token {secret}") == "token ***"

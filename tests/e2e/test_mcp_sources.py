@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import NODES_TASK, PLAN_TASK, TOOLS_KEY
+from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, TOOLS_KEY
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
 from tests.e2e.conftest import E2E_DAGS, demo_env, plan_cluster, require_postgres_and_redis
@@ -118,7 +118,7 @@ def records(cluster: AirflowCluster, dag_id: str, run_id: str) -> dict[str, dict
     found = {}
     for ti in cluster.task_instances(dag_id, run_id):
         if ti["task_id"] == NODES_TASK and ti["map_index"] >= 0:
-            record = cluster.xcom(dag_id, run_id, NODES_TASK, "node", map_index=ti["map_index"])
+            record = cluster.xcom(dag_id, run_id, NODES_TASK, NODE_KEY, map_index=ti["map_index"])
             if isinstance(record, dict):
                 found[record["node_id"]] = record
     return found
