@@ -334,3 +334,21 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     assert task_states(failed)[PLAN_TASK] == "failed" and log.count("echo") == 2
     result = xcom(failed, FINALIZE_TASK)
     assert result["reason"] == "invalid_plan" and "cannot render the DAG's plan" in result["message"]
+
+
+@pytest.mark.airflow
+def test_a_run_without_a_logical_date_renders_the_plan_with_its_run_after(tmp_path: Path) -> None:
+    """A REST API trigger may give ``"logical_date": null``: the frozen plan's date templates then
+    render with the run's ``run_after`` (the committed daily report reports on the day before it)."""
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import xcom
+
+    frozen = load_dag_file(DAILY, "daily_payment_report_without_date")
+    run_after = datetime.now(UTC).replace(hour=6, minute=47, second=0, microsecond=0)
+    run = run_plan_dag(frozen.daily_payment_report, run_after=run_after, without_logical_date=True)
+    assert run.logical_date is None
+    assert str(run.state) == "success", xcom(run, FINALIZE_TASK)
+    outputs = xcom(run, FINALIZE_TASK)["outputs"]
+    yesterday = (run_after - timedelta(days=1)).date().isoformat()
+    assert outputs["1"]["day"] == outputs["2"]["day"] == yesterday
+    assert Path(outputs["6"]["path"]).name.startswith(f"{yesterday}_daily_payment_report_")
