@@ -297,7 +297,7 @@ class PlanOperator(BaseOperator):
             if params.get("max_replans") is not None
             else self.budgets.max_replans,
         )
-        goal = str(params.get("goal") or "")
+        goal = str(params.get("goal") or (self.ready_plan or {}).get("goal") or "")
         return start_session(goal=goal, budgets=budgets, dag_id=ti.dag_id, run_id=run_id)
 
     def _plan(

@@ -129,17 +129,47 @@ def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
     assert 'node 1 reused: it succeeded in an earlier revision; output: {"p99": 870}' in logs
 
 
-def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
+def test_trigger_form_describes_budgets_and_shows_a_ready_plan_of_the_dags_own_tools():
     from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.tools.registry import ToolRegistry
 
-    form = {name: param.dump() for name, param in plan_params("a goal").items()}
+    tools = ToolRegistry()
+
+    @tools.tool(description="Orders of a day.")
+    def fetch_orders(day: str, limit: int = 10) -> list:
+        return []
+
+    @tools.tool(description="Refunds of a region.")
+    def fetch_refunds(region: str = "eu") -> list:
+        return []
+
+    @tools.tool(description="Compare two series.")
+    def compare(orders: list, refunds: dict, label: str) -> dict:
+        return {}
+
+    form = {name: param.dump() for name, param in plan_params("a goal", tools=tools).items()}
     for name in ("max_replans", "max_steps"):
         assert len(form[name]["description"] or "") > 40, name
     assert "replan" in form["max_replans"]["description"] and "tool calls" in form["max_steps"]["description"]
     text = form["plan"]["schema"]["description_md"]
     example = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
-    assert validate_plan(example).layers == [["1", "2"], ["3"]]  # a valid shape, with no DAG's tools in it
-    assert {node["tool"] for node in example["nodes"]} == {"<a tool of this DAG>"}
+    # a valid plan of this DAG's tools: two nodes feeding a third, which takes their outputs
+    assert validate_plan(example, tools).layers == [["1", "2"], ["3"]]
+    assert {node["tool"] for node in example["nodes"]} <= set(tools)
+    assert [node["params"] for node in example["nodes"]] == [
+        {"day": "<day>"},
+        {},
+        {"orders": "${1}", "refunds": "${2}", "label": "<label>"},
+    ]
+    # no inline code: Airflow draws its box taller than the line, over the lines around it
+    assert "`" not in text.replace("```json\n", "").replace("\n```", "")
+    assert "example" not in plan_params("a goal")["plan"].dump()["schema"]["description_md"].lower()
+
+
+def test_a_frozen_or_non_replanning_dags_form_has_only_the_fields_that_apply():
+    assert list(plan_params("g", frozen=True)) == ["max_steps"]
+    assert list(plan_params("g", replans=False)) == ["goal", "plan", "max_steps"]
+    assert list(plan_params("g")) == ["goal", "plan", "max_replans", "max_steps"]
 
 
 def test_trigger_form_lists_the_dags_tools_beside_the_ready_plan(tmp_path):
@@ -157,13 +187,12 @@ def test_trigger_form_lists_the_dags_tools_beside_the_ready_plan(tmp_path):
 
     dag = build("pages_form_tools", ScriptedPlanner(seed_plan()), seed_tools(CallLog(tmp_path)))
     built = dag.params.get_param("plan").dump()["schema"]["description_md"]
-    assert "This DAG's tools" in built and "- `query_deploys`: " in built
+    assert "**This DAG's tools**" in built and "- **query_deploys**: " in built
     text = plan_params("g", tools=registry)["plan"].dump()["schema"]["description_md"]
-    listed = text.split("This DAG's tools:\n\n", 1)[1].splitlines()
+    listed = text.split("**This DAG's tools**\n\n", 1)[1].splitlines()
     assert listed == [
-        "- `purge`: Delete stale rows. Needs approval. Params: `table` (string), `rows` (integer).",
-        "- `query_metrics`: Hourly latency of a service. "
-        "Params: `service` (string), `day` (string, optional).",
+        "- **purge**: Delete stale rows. Needs approval. Params: table (string), rows (integer).",
+        "- **query_metrics**: Hourly latency of a service. Params: service (string), day (string, optional).",
     ]
 
 
