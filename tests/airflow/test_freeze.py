@@ -61,7 +61,14 @@ def render(plan: dict[str, Any], *templates: str, **options: Any) -> str:
     options.setdefault("schedule", "@daily")
     options.setdefault("start_date", date(2024, 1, 1))
     source = FrozenSource(
-        plan=plan, origin="DAG d, session run r", revision=2, replans=1, final_run="r__replan_2"
+        plan=plan,
+        origin="DAG d, session run r",
+        revision=2,
+        replans=1,
+        final_run="r__replan_2",
+        dag_id="d",
+        run_id="r",
+        run_date="2026-11-29",
     )
     return render_dag_file(source, templates=[ParamTemplate.parse(t) for t in templates], **options)
 
@@ -113,13 +120,15 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
     text = render(demo_plan(), f"day={DAY}")
     assert text == render(demo_plan(), f"day={DAY}")  # the same inputs, the same file
     doc, plan, keywords = module_parts(text)
-    assert doc.splitlines()[:6] == [
+    assert doc.splitlines()[:8] == [
         "daily_report: a frozen plan, run on a schedule with no planner call.",
         "",
-        "Goal: latency report",
-        "Revision: 2 (the plan after 1 replan(s))",
-        "Source: DAG d, session run r",
-        "        (its final revision ran as r__replan_2)",
+        "- **Goal:** latency report",
+        "- **Frozen from:** run r of DAG d, made on 2026-11-29 (a run of the Airflow the plan was read from,",
+        "  which may not be this one)",
+        "- **Revision:** 2, after 1 replan(s); it ran as r__replan_2",
+        "- **Schedule:** @daily, from 2024-01-01 (UTC)",
+        "",
     ]
     assert "- 2 · health (query_service_health)" in doc
     assert f"    --param 'day={DAY}'" in doc and "    --schedule @daily" in doc
@@ -156,7 +165,7 @@ def test_plan_text_cannot_escape_the_docstring_or_the_literal() -> None:
     assert frozen == plan  # the literal holds the text exactly
     assert "\x1b" not in text and "\u202e" not in text  # escaped, visible
     shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in hostile)
-    assert f"Goal: {shown}" in doc.splitlines() and f"- 1 · {shown} (query_metrics)" in doc.splitlines()
+    assert f"- **Goal:** {shown}" in " ".join(doc.splitlines()) and f"- 1 · {shown} (query_metrics)" in doc
 
 
 def test_a_node_that_requested_a_replan_is_dropped_only_when_no_node_depends_on_it() -> None:
@@ -180,7 +189,7 @@ def test_a_node_that_requested_a_replan_is_dropped_only_when_no_node_depends_on_
     )
     doc, frozen, _ = module_parts(text)
     assert [n["id"] for n in frozen["nodes"]] == ["1", "2"]
-    assert "Left out of the source's final plan" in doc and "- 3 · deploys (query_deploys)" in doc
+    assert "**Left out** of the source's final plan" in doc and "- 3 · deploys (query_deploys)" in doc
     assert "a conf that gives a plan is refused" in doc
 
 
@@ -220,7 +229,7 @@ def test_cli_writes_the_file_or_says_why_not(tmp_path: Path, capsys: pytest.Capt
     out = tmp_path / "daily_report.py"
     assert freeze(tmp_path, demo_plan(), f"--param=day={DAY}", "--start-date=2024-05-01", "-o", str(out)) == 0
     doc, plan, keywords = module_parts(out.read_text())
-    assert "Source: plan file plan.json" in doc and "Revision: unknown (a plan file)" in doc
+    assert "- **Frozen from:** plan file plan.json" in doc and "- **Revision:** unknown (a plan file)" in doc
     assert plan["nodes"][1]["params"]["day"] == DAY and keywords["start_date"].startswith(
         "datetime(2024, 5, 1"
     )
@@ -318,7 +327,7 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, FINALIZE_TASK)["outputs"]["1"] == {"text": "day 2024-03-05"}
     # the DAG runs its own plan only: the form has no "Ready plan" field, and a conf plan is refused
-    assert "plan" not in dag.params and "goal" in dag.params
+    assert list(dag.params) == ["max_steps"]  # only what applies: no goal, ready plan or replan budget
     refused = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
     assert task_states(refused)[PLAN_TASK] == "failed" and log.count("echo") == 1
     result = xcom(refused, FINALIZE_TASK)

@@ -356,12 +356,13 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
     assert done.returncode == 0, done.stderr
 
     text = output.read_text()
-    assert env.passwords["alice"] not in text and "Revision: 1 (the plan after 1 replan(s))" in text
-    assert f"Source: DAG {EXAMPLE}, session run {root}\n" in text
-    assert f"(its final revision ran as {root}__replan_1)" in text
+    assert env.passwords["alice"] not in text and "- **Revision:** 1, after 1 replan(s); it ran as" in text
+    made = env.cluster.get_run(EXAMPLE, root)["run_after"][:10]
+    assert f"- **Frozen from:** run {root} of DAG {EXAMPLE}, made on\n  {made} (a run of" in text
+    assert f"it ran as {root}__replan_1\n" in text
 
     def without_run_ids(dag_file: str) -> str:
-        return re.sub(r"manual__[0-9T:.+\-]+", "<run>", dag_file)
+        return re.sub(r"manual__[0-9T:.+\-]+|made on\n  \d{4}-\d{2}-\d{2}", "<run>", dag_file)
 
     assert without_run_ids(text) == without_run_ids(DAILY.read_text())
 
