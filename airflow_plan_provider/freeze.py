@@ -49,6 +49,7 @@ ASSIGNMENT_PATTERN = re.compile(
 WHOLE_TEMPLATE = re.compile(r"^\s*\{\{(?:(?!\}\}).)*\}\}\s*$", re.S)  # one expression, nothing else
 DAY_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}")
 WIDTH = 100
+DESCRIPTION_CHARS = 120  # the DAG's one-line description in Airflow's DAG list
 
 
 @dataclass(frozen=True)
@@ -472,7 +473,11 @@ def render_dag_file(
         arguments.append(f"limits=Limits({limits_arg})")
     if approval is not None:
         arguments.append(f"approval=ApprovalPolicy({_string(approval)})")
-    arguments += ['tags=["plan", "frozen"]', "doc_md=__doc__"]
+    description = f"Frozen plan, {schedule}: {goal}"
+    description = (
+        description if len(description) <= DESCRIPTION_CHARS else description[: DESCRIPTION_CHARS - 1] + "…"
+    )
+    arguments += ['tags=["plan", "frozen"]', f"description={_string(description)}", "doc_md=__doc__"]
     call = "".join(f"    {argument},\n" for argument in arguments)
     names = [
         *(["ApprovalPolicy"] if approval is not None else []),

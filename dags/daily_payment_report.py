@@ -107,5 +107,6 @@ daily_payment_report = build_plan_dag(
     replan=False,
     budgets=Budgets(max_replans=0),
     tags=["plan", "frozen"],
+    description="Frozen plan, @daily: find why the payment API got slow yesterday and write a report",
     doc_md=__doc__,
 )

@@ -144,6 +144,7 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
         "replan": "False",
         "budgets": "Budgets(max_replans=0)",
         "tags": "['plan', 'frozen']",
+        "description": "'Frozen plan, @daily: latency report'",
         "doc_md": "__doc__",
     }
     assert "from plan_demo.tools import registry as tools\n" in text
