@@ -212,3 +212,61 @@ def test_plan_llm_connection_form_through_the_hook_meta_endpoint():
     model = meta["extra_fields"]["model"]
     assert model["schema"]["title"] == "Model" and "gpt-4o-mini" in model["description"]
     assert "gpt-4o-mini" in model["schema"]["examples"]
+
+
+def test_a_missing_llm_connection_says_how_to_define_it_and_the_command_given_does(monkeypatch):
+    """``plan_and_execute_llm`` without its connection: the error gives the command, the UI path and the
+    environment variable; the command, run as given, defines the connection, and so does the variable."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from airflow_plan_provider.exceptions import PlanningError
+    from airflow_plan_provider.hooks.llm import PlanLLMHook
+    from airflow_plan_provider.planners.base import PlanRequest
+    from airflow_plan_provider.planners.llm import LLMPlanner
+
+    conn_id = "plan_llm_help_check"
+    monkeypatch.delenv(f"AIRFLOW_CONN_{conn_id.upper()}", raising=False)
+    request = PlanRequest(goal="g", tools=scripted_registry(*seed_tools(CallLog(Path("/nonexistent")))))
+    with pytest.raises(PlanningError) as caught:
+        LLMPlanner(conn_id=conn_id).plan(request)
+    message = str(caught.value)
+    assert f"The conn_id `{conn_id}` isn't defined" in message
+    assert "Admin > Connections > Add Connection" in message and '"Plan LLM (OpenAI-compatible)"' in message
+    [command] = [line.strip() for line in message.splitlines() if "airflow connections add" in line]
+    [variable] = [line.split(": ", 1)[1] for line in message.splitlines() if "AIRFLOW_CONN_" in line]
+
+    airflow = Path(sys.executable).with_name("airflow")
+
+    def cli(*words: str) -> str:
+        done = subprocess.run(
+            [str(airflow), *words], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    arguments = shlex.split(command.replace("<API key>", "sk-test-0123456789"))
+    assert arguments[:3] == ["airflow", "connections", "add"]
+    cli(*arguments[1:])
+    try:
+        shown = cli("connections", "get", conn_id, "-o", "json")
+    finally:
+        cli("connections", "delete", conn_id)
+    [defined] = json.loads(shown[shown.index("[") :])
+    assert (defined["conn_type"], defined["host"], defined["password"]) == (
+        "plan_llm",
+        "https://api.openai.com/v1",
+        "sk-test-0123456789",
+    )
+    assert defined["extra_dejson"] == {"model": "gpt-4o-mini"}
+
+    name, value = variable.split("=", 1)
+    monkeypatch.setenv(name, shlex.split(value)[0].replace("<API key>", "sk-env"))
+    settings = PlanLLMHook(conn_id).settings
+    assert (settings.base_url, settings.model, settings.api_key) == (
+        "https://api.openai.com/v1",
+        "gpt-4o-mini",
+        "sk-env",
+    )
