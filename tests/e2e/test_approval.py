@@ -229,6 +229,8 @@ def test_rejected_plan_runs_no_node_and_fails_rejected(env: Env) -> None:
     assert [e["type"] for e in result["events"] if e["type"].startswith("approval.")] == ["approval.rejected"]
     assert env.calls_of(dag_id, run_id, "purge") == [] and env.calls_of(dag_id, run_id) == []
     tis = env.cluster.task_instances(dag_id, run_id)
+    # the approval task's state says what happened: it ends failed, and the node tasks after it do not run
+    assert {t["task_id"]: t["state"] for t in tis if t["map_index"] == -1}[APPROVE_TASK] == "failed"
     assert not [t for t in tis if t["task_id"].startswith(NODES_TASK) and t["state"] == "success"]
 
 
