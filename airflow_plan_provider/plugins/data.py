@@ -40,6 +40,7 @@ from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
+from airflow_plan_provider.plugins.document import document_of
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (
@@ -183,6 +184,9 @@ def plan_view(
             f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else ""
         )
         view["tab_url"] = f"{view['ui_url']}/plugin/{tab_route}" if tab_route else None
+        for node in view["nodes"]:  # a node's Markdown document (a report) opens on a page of its own
+            wrote = node.pop("document")
+            node["document_url"] = _document_url(view_base, dag_id, run, node) if wrote else None
         runs.append(view)
         previous_plan = _plan_of(run) or previous_plan
     first_session = chain[0].session or {}
@@ -196,6 +200,12 @@ def plan_view(
         "finished": all(run["state"] in FINISHED_RUN_STATES for run in runs),
         "runs": runs,
     }
+
+
+def _document_url(view_base: str, dag_id: str, run: RunData, node: Mapping[str, Any]) -> str:
+    url = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+    url += f"/nodes/{quote(str(node['id']), safe='')}/markdown"
+    return url + (f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else "")
 
 
 def _goal_of(chain: Sequence[RunData]) -> str:
@@ -493,6 +503,7 @@ def _node_view(
         "error": redact(record.get("error")),
         "output_summary": redact(record.get("output_summary")),
         "artifact": {k: artifact.get(k) for k in ("uri", "size", "sha256")} if artifact else None,
+        "document": document_of(record.get("output")) is not None,
         "polling": record.get("polling"),
         "attempts": record.get("attempts", ti.get("try_number")),
         "try_number": ti.get("try_number"),

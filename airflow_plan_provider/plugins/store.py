@@ -34,6 +34,16 @@ def load_chain(session: Session, dag_id: str, run_id: str, group: str | None = N
     return session_chain(run_id, runs)
 
 
+def load_node_record(
+    session: Session, dag_id: str, run_id: str, node_id: str, group: str | None = None
+) -> dict[str, Any] | None:
+    """The record node ``node_id`` of run ``run_id`` pushed (its ``node`` XCom), or None."""
+    prefix = _plan_prefix(session, dag_id, run_id, group)
+    runs = load_runs(session, dag_id, [run_id], keys=(), with_tis=True, prefix=prefix)
+    run = runs.get(run_id)
+    return run.records.get(node_id) if run is not None else None
+
+
 def _plan_prefix(session: Session, dag_id: str, run_id: str, group: str | None) -> str:
     """The task id prefix of the plan to show: ``""`` for a plan DAG, ``"<group>."`` for a task group."""
     if group:

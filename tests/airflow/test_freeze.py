@@ -298,6 +298,9 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert (mine["title"], mine["summary"]) == (theirs["title"], theirs["summary"])
     yesterday = (today - timedelta(days=1)).date().isoformat()
     assert Path(mine["path"]).name.startswith(f"{yesterday}_daily_payment_report_")
+    # the report says which DAG and run wrote it, in the file and in the output the Plan view opens
+    footer = f"Written by node 6 of run {run.run_id} of DAG daily_payment_report (revision 0, try 1)."
+    assert footer in Path(mine["path"]).read_text() and footer in mine["markdown"]
     assert json.dumps(result).count("{{") == 0  # every template was rendered
 
     earlier = run_plan_dag(dag, logical_date=today - timedelta(days=3))

@@ -403,3 +403,44 @@ def test_a_revised_node_shows_what_changed_with_secrets_masked():
             },
         }
     ]
+
+
+@pytest.mark.airflow
+def test_a_document_a_node_wrote_opens_from_its_details_rendered_and_sandboxed(api, tmp_path):
+    """A node whose output carries ``markdown`` (the demo's report): the view links to it, and the route
+    renders it on a page that names the node, run and DAG, runs no script, and answers only a user."""
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.testing import ScriptedTool
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+
+    text = "# Latency report\n\n| hour | p99 |\n| --- | --- |\n| 13 | 870 |\n\n<script>alert(1)</script>\n"
+    log = CallLog(tmp_path)
+    tools = scripted_registry(
+        ScriptedTool("write", log=log, returns={"title": "t", "markdown": text}),
+        ScriptedTool("read", log=log, returns={"rows": 3}),
+    )
+    plan = {
+        "goal": "report",
+        "nodes": [
+            {"id": "1", "action": "read", "tool": "read"},
+            {"id": "2", "action": "write", "tool": "write", "params": {}},
+        ],
+        "edges": [{"from": "1", "to": "2"}],
+    }
+    run = run_plan_dag(build_plan_dag("view_document", planner=None, tools=tools), {"plan": plan})
+    client, manager = api
+    headers = {"Authorization": f"Bearer {token(manager)}"}
+    data = client.get(f"/plan-view/data/dags/view_document/runs/{run.run_id}", headers=headers).json()
+    nodes = by_id(data["runs"][0])
+    assert nodes["1"]["document_url"] is None
+    url = nodes["2"]["document_url"]
+    assert url.startswith("/plan-view/dags/view_document/runs/") and url.endswith("/nodes/2/markdown")
+
+    assert client.get(url).status_code == 401
+    page = client.get(url, headers=headers)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert policy.startswith("sandbox ") and "script-src" not in policy and "default-src 'none'" in policy
+    assert "<h1>Latency report</h1>" in page.text and "<td>870</td>" in page.text
+    assert f"Written by node 2 of run {run.run_id} of DAG view_document" in page.text
+    assert client.get(url.replace("/nodes/2/", "/nodes/1/"), headers=headers).status_code == 404
