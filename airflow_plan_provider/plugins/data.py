@@ -37,6 +37,7 @@ from airflow_plan_provider.contract import (
 )
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.phases import node_phase
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
@@ -314,6 +315,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     for child, parents in plan.parents.items():
         for parent in parents:
             view["edges"].append({"from": parent, "to": child, "optional": plan.is_optional(parent, child)})
+    _add_phases(view["nodes"], plan, run)
     if previous is not None:
         for node_id in (diff or {}).get("removed") or []:
             if node_id in previous.node_ids and node_id not in plan.node_ids:
@@ -330,6 +332,17 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                     )
                 )
     return view
+
+
+def _add_phases(nodes: Sequence[dict[str, Any]], plan: ValidatedPlan, run: RunData) -> None:
+    """Each node's phase in the provider's words (:func:`~airflow_plan_provider.plan.phases.node_phase`):
+    waiting for named parents, running its tool, polling its job, retrying, or its final state."""
+    states = {node["id"]: node["state"] for node in nodes}
+    for node in nodes:
+        ti = run.ti(node["task_id"].removeprefix(run.prefix), node["map_index"]) or {}
+        parents = {parent: states.get(parent) for parent in plan.parents.get(node["id"], [])}
+        found = node_phase(node["state"], ti.get("next_method"), parents)
+        node |= {"phase": found.phase, "waiting_for": list(found.waiting_for), "waiting_where": found.where}
 
 
 def _node_ti(run: RunData, task_id: str, map_index: int) -> dict[str, Any] | None:

@@ -111,6 +111,7 @@ def load_runs(
                 TaskInstance.end_date,
                 TaskInstance.duration,
                 TaskInstance.hostname,
+                TaskInstance.next_method,
             ).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(runs)))
         )
         for ti in tis:
@@ -121,6 +122,7 @@ def load_runs(
                 "end_date": _iso(ti.end_date),
                 "duration": ti.duration,
                 "hostname": ti.hostname or None,
+                "next_method": ti.next_method or None,  # a deferred node's: what it waits for
             }
     return runs
 

@@ -330,6 +330,31 @@ def test_nodes_take_their_state_from_the_nodes_task_in_layer_order():
     assert (nodes["b"]["state"], nodes["a"]["hostname"]) == ("deferred", "worker-a")
 
 
+def test_a_node_waiting_for_its_parents_is_told_from_one_whose_tool_runs():
+    """Both are "running" in Airflow: the view gives each node the provider's phase, naming the parents
+    a waiting node waits for; a deferred node waits for its parents or polls its job."""
+    root = two_revisions()["r"]
+    root.state = "running"
+
+    def phases(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+        root.tis[(NODES_TASK, 0)], root.tis[(NODES_TASK, 1)] = a, b
+        nodes = by_id(plan_view("d", "r", [root])["runs"][0])
+        return {n: (v["phase"], v["waiting_for"], v["waiting_where"], v["state"]) for n, v in nodes.items()}
+
+    running = {"state": "running", "try_number": 1}
+    assert phases(running, running) == {
+        "a": ("running", [], None, "running"),
+        "b": ("waiting", ["a"], "in its slot", "running"),
+    }
+    done = {"state": "success", "try_number": 1}
+    assert phases(done, running)["b"] == ("running", [], None, "running")
+    parked = {"state": "deferred", "try_number": 1, "next_method": "resume_after_parents"}
+    assert phases(running, parked)["b"] == ("waiting", ["a"], "deferred", "deferred")
+    polling = {"state": "deferred", "try_number": 1, "next_method": "resume_after_job"}
+    assert phases(done, polling)["b"][0] == "polling"
+    assert phases(done, {"state": "up_for_retry", "try_number": 1})["b"][0] == "retrying"
+
+
 def test_the_plugin_is_registered_for_the_api_server():
     """Installed through the ``airflow.plugins`` entry point: Airflow loads it whatever
     ``[core] lazy_discover_providers`` says; the API server mounts its app and the UI shows its tab."""
