@@ -58,7 +58,8 @@ FINISHED_RUN_STATES = frozenset({"success", "failed"})
 #: A mapped task in one of these states before it expanded has no instance for any node: none of them runs.
 UNEXPANDED_END_STATES = frozenset({"skipped", "upstream_failed", "removed"})
 #: The state shown for a node whose task instance never ran: the run is over (or its node task ended
-#: before it expanded, e.g. skipped after a rejected approval) and the node has no state of its own.
+#: before it expanded, e.g. upstream_failed after a rejected approval) and the node has no state of its
+#: own.
 NOT_RUN = "not_run"
 
 Redact = Callable[[Any], Any]

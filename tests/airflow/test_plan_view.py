@@ -380,7 +380,7 @@ def test_nodes_that_never_ran_are_shown_not_run_not_pending():
     root = two_revisions()["r"]
     root.state = "running"
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {None}  # still to come
-    root.tis[(NODES_TASK, -1)] = {"state": "skipped"}  # skipped before it expanded: a rejected approval
+    root.tis[(NODES_TASK, -1)] = {"state": "upstream_failed"}  # ended before it expanded: a rejected approval
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {"not_run"}
     del root.tis[(NODES_TASK, -1)]
     root.state = "failed"  # the run is over: a node without a state of its own never ran

@@ -292,9 +292,10 @@ def test_an_approval_answered_as_soon_as_the_request_appears_completes(env: Env)
 
 def test_a_frozen_dag_refuses_a_plan_given_in_the_conf(env: Env) -> None:
     """``daily_payment_report``'s docstring: each run executes exactly its own nodes, a conf plan is
-    refused. The trigger form has no "Ready plan" field, and a run given one runs no tool."""
+    refused. The trigger form has only the step budget (no "Ready plan" field), and a run given a plan
+    runs no tool."""
     details = env.cluster.api("GET", f"/dags/{FROZEN}/details")
-    assert "plan" not in details["params"] and "goal" in details["params"]
+    assert sorted(details["params"]) == ["max_steps"]
     assert "a conf that gives a plan is refused" in details["doc_md"]
     run_id = env.runs["frozen_conf"]
     state, result = finish(env, FROZEN, run_id)

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
+from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
 from harness.cluster import AirflowCluster
 from tests.e2e.conftest import E2E_DAGS, EXAMPLE_FILES, demo_env, plan_cluster
 
@@ -628,9 +628,9 @@ def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) 
     shot(browser, "13_rejected_run_approval_failed")
 
     # the provider's words: the task named "approval" ends failed, saying who rejected the plan
-    [approve] = [t for t in cluster.task_instances(PUBLISH, run_id) if t["task_id"] == "approve"]
+    [approve] = [t for t in cluster.task_instances(PUBLISH, run_id) if t["task_id"] == APPROVE_TASK]
     assert (approve["state"], approve["task_display_name"]) == ("failed", "approval"), approve
-    log = cluster.task_log(PUBLISH, run_id, "approve", approve["try_number"])
+    log = cluster.task_log(PUBLISH, run_id, APPROVE_TASK, approve["try_number"])
     assert f"plan rejected: rejected by {USER}; no node runs" in log, log[-3000:]
 
     open_view(browser, session, run_id, PUBLISH)
