@@ -719,6 +719,22 @@ def test_a_frozen_run_triggered_without_a_logical_date_completes(session: Sessio
     assert set(drawn_states(browser).values()) == {"success"}
     assert_clean(browser, "the plan view of a frozen run without a logical date")
     shot(browser, "16_frozen_run_without_logical_date")
+    # its docs: a short list, the source run named as a run of the Airflow the plan was read from
+    from selenium.webdriver.common.by import By
+
+    browser.get(session.url(f"/dags/{DAILY}"))
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "button[aria-label='Dag Docs']"))[0].click()
+    items = wait(
+        browser,
+        lambda d: [
+            e.text for e in d.find_elements(By.XPATH, "//li[starts-with(normalize-space(), 'Goal:')]/../li")
+        ],
+    )
+    assert [item.split(":", 1)[0] for item in items] == ["Goal", "Frozen from", "Revision", "Schedule"], items
+    assert "of DAG plan_and_execute, made on 20" in items[1] and "which may not be this one" in items[1], (
+        items
+    )
+    shot(browser, "16_frozen_dag_docs")
 
 
 def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(session: Session, browser: Any) -> None:
