@@ -30,12 +30,12 @@ defaults, the ones a plan DAG applies when built without ``limits=``: a plan the
 their defaults is one such a DAG accepts.
 
 ``validate --tools``, ``run`` and ``freeze`` ask a registry's sources for their tools first, as a plan
-DAG's planning task does. ``tools`` lists the tools a DAG offers its planner, live: its Python tools and connection tools, and the
-tools its sources (MCP servers) list now, each with where it comes from, whether it needs approval and its
-params (``--json``: the argument schemas too). ``SPEC`` names a registry (as ``--tools`` does) or a plan DAG
-(``dags/plan_over_mcp.py:plan_over_mcp``); a source that cannot be listed is reported, and the exit status
-is 1. Its connections are read as Airflow reads them (``AIRFLOW_CONN_<ID>``, the metadata database, a
-secrets backend).
+DAG's planning task does. ``tools`` lists the tools a DAG offers its planner, live: its Python and
+connection tools, and the tools its sources (MCP servers) list now, each with where it comes from,
+whether it needs approval and its params (``--json``: the argument schemas too). ``SPEC`` names a
+registry (as ``--tools`` does) or a plan DAG (``dags/plan_over_mcp.py:plan_over_mcp``); a source that
+cannot be listed is reported, and the exit status is 1. Its connections are read as Airflow reads them
+(``AIRFLOW_CONN_<ID>``, the metadata database, a secrets backend).
 
 ``freeze`` writes a DAG file that runs a completed session's final plan on a schedule with no planner
 call (:mod:`airflow_plan_provider.freeze`). The REST API token comes from ``--token`` or

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import DAG, Param, TaskGroup, TriggerRule
+from airflow.sdk import DAG, TaskGroup, TriggerRule
 
 from airflow_plan_provider import airflow_features
 from airflow_plan_provider.artifacts import local_store_warning
@@ -73,6 +73,8 @@ from airflow_plan_provider.tools.registry import (
     missing_tools_message,
 )
 from airflow_plan_provider.tools.sources import ToolSource
+from airflow_plan_provider.trigger_form import plan_params as plan_params  # the form, where it was
+from airflow_plan_provider.trigger_form import tools_markdown as tools_markdown
 
 if TYPE_CHECKING:
     from airflow_plan_provider.planners.base import Planner
@@ -104,91 +106,6 @@ REPLACED_KEYWORDS: dict[str, str] = {
     "approval_timeout": "approval=ApprovalPolicy(timeout=...)",
     "approvers": "approval=ApprovalPolicy(approvers=...)",
 }
-READY_PLAN_EXAMPLE = """{
-  "nodes": [
-    {"id": "1", "action": "fetch yesterday's orders", "tool": "<a tool of this DAG>",
-     "params": {"day": "yesterday"}},
-    {"id": "2", "action": "fetch yesterday's refunds", "tool": "<a tool of this DAG>",
-     "params": {"day": "yesterday"}},
-    {"id": "3", "action": "compare them", "tool": "<a tool of this DAG>",
-     "params": {"orders": "${1}", "refunds": "${2.items}"}}
-  ],
-  "edges": [{"from": "1", "to": "3"}, {"from": "2", "to": "3"}]
-}"""
-
-
-def tools_markdown(tools: Mapping[str, Tool]) -> str:
-    """The tools a ready plan may call, for the trigger form: one line each, with its params (name, type,
-    optional or not) and the first line of its description."""
-    lines = []
-    for name in sorted(tools):
-        tool = tools[name]
-        schema = tool.args_schema if isinstance(tool.args_schema, Mapping) else {}
-        required = set(schema.get("required") or [])
-        params = []
-        for param, spec in (schema.get("properties") or {}).items():
-            kind = spec.get("type", "any") if isinstance(spec, Mapping) else "any"
-            kind = "/".join(kind) if isinstance(kind, list) else str(kind)
-            params.append(f"`{param}` ({kind}{'' if param in required else ', optional'})")
-        summary = (tool.description or "").strip().splitlines()[0] if (tool.description or "").strip() else ""
-        risky = " Needs approval." if tool.needs_approval else ""
-        lines.append(f"- `{name}`: {summary}{risky} Params: {', '.join(params) or 'none'}.")
-    for source in tools.sources if isinstance(tools, ToolRegistry) else ():
-        origin = source.declaration()
-        lines.append(
-            f"- the tools of {origin['kind'].upper()} server `{origin['conn_id']}` (Airflow connection), "
-            f"named `{origin['prefix']}<tool>`: listed when a run plans (the run's Plan tab shows them)."
-        )
-    return "\n".join(lines)
-
-
-def plan_params(
-    goal: str = "", budgets: Budgets | None = None, tools: Mapping[str, Tool] | None = None
-) -> dict[str, Param]:
-    """The trigger form: a goal, an optional ready plan (with the DAG's ``tools`` listed beside it), and
-    the session budgets."""
-    budgets = budgets or Budgets()
-    offered = tools is not None and bool(len(tools) or (isinstance(tools, ToolRegistry) and tools.sources))
-    listed = f"\n\nThis DAG's tools:\n\n{tools_markdown(tools)}" if tools is not None and offered else ""
-    return {
-        "goal": Param(goal, type="string", title="Goal", description="What the plan should achieve."),
-        "plan": Param(
-            None,
-            type=["null", "object"],
-            title="Ready plan",
-            description_md=(
-                "Optional. A plan to run as given: the planner is skipped, the plan is validated as is "
-                "(an invalid one is rejected with its problems) and never replanned. Each node calls one "
-                "of this DAG's tools; `${ID}` passes node ID's output, `${ID.field}` part of it. "
-                "Example (put this DAG's tools and params in):\n\n```json\n"
-                + READY_PLAN_EXAMPLE
-                + "\n```"
-                + listed
-            ),
-        ),
-        "max_replans": Param(
-            budgets.max_replans,
-            type="integer",
-            minimum=0,
-            title="Max replans",
-            description=(
-                "How many times the session may replan the part of the plan a failed node (or a node "
-                "whose result made the rest moot) affects; each replan is a new run of this DAG. "
-                "0: a failed node fails the session."
-            ),
-        ),
-        "max_steps": Param(
-            budgets.max_steps,
-            type="integer",
-            minimum=1,
-            title="Max node executions",
-            description=(
-                "How many node executions (tool calls) the session may make across all its runs; "
-                "reused nodes do not count. Nodes past the budget are skipped and the session fails "
-                "with reason step_budget."
-            ),
-        ),
-    }
 
 
 @dataclass(frozen=True)
@@ -379,8 +296,9 @@ def build_plan_dag(
     :param goal: the trigger form's default goal.
     :param plan: a ready plan baked into the DAG (as ``airflow-plan freeze`` writes): each run runs it
         without calling a planner and never replans it, its strings rendered as Jinja templates with
-        the run's context (say ``"{{ ds }}"``). The trigger form then has no "Ready plan" field, and a
-        run whose conf gives a plan is refused (its planning fails): the DAG runs only its own plan.
+        the run's context (say ``"{{ ds }}"``). The trigger form then has only the step budget (the
+        session's goal is the plan's), and a run whose conf gives a plan is refused (its planning
+        fails): the DAG runs only its own plan.
     :param limits: plan size limits (default ``Limits()``), the same ``airflow-plan validate`` applies:
         ``max_nodes`` (at most Airflow's ``[core] max_map_length``), no depth limit.
     :param budgets: the trigger form's default budgets (default ``Budgets()``); a run's conf may set its
@@ -404,7 +322,7 @@ def build_plan_dag(
         the setting to use instead.
     :param schedule: the DAG's schedule.
     :param params: more Params, beside the trigger form's ``goal``, ``plan``, ``max_replans`` and
-        ``max_steps``.
+        ``max_steps`` (the fields that apply: see :func:`~airflow_plan_provider.trigger_form.plan_params`).
     :param dag_kwargs: passed to :class:`~airflow.sdk.DAG` (``tags`` default ``["plan"]``,
         ``max_active_runs`` 16, ``catchup`` False).
     """
@@ -425,9 +343,8 @@ def build_plan_dag(
     dag_kwargs.setdefault("tags", ["plan"])
     dag_kwargs.setdefault("max_active_runs", 16)  # replan runs start while their parent waits
     dag_kwargs.setdefault("catchup", False)
-    form = plan_params(goal, tasks.budgets, tasks.catalog)
-    if plan is not None:  # a frozen plan DAG runs its own plan only
-        del form["plan"]
+    # a frozen plan DAG runs its own plan only: no goal, ready plan or replan budget to give
+    form = plan_params(goal, tasks.budgets, tasks.catalog, frozen=plan is not None, replans=replan)
     all_params: dict[str, Any] = {**form, **(params or {})}
     with DAG(dag_id, schedule=schedule, params=all_params, **dag_kwargs) as dag:
         tasks.build(goal=None, replan_dag_id=dag_id if replan else None)

@@ -4,8 +4,9 @@ The file holds the session's final plan as a Python literal and builds the DAG w
 :func:`~airflow_plan_provider.dag_factory.build_plan_dag` (``plan=PLAN``, no planner, replanning off):
 every run validates and executes exactly that plan, with no planner or LLM call. Its strings are
 Jinja templates rendered with each run's context by the planning task, so a param frozen as
-``"{{ ds }}"`` gives each scheduled (or backfilled) run its own day. The module docstring names the
-goal, the revision and the source run.
+``"{{ ds }}"`` gives each scheduled (or backfilled) run its own day. The module docstring, the DAG's
+docs in Airflow, is a Markdown list: the goal, the run and DAG the plan was frozen from (and the day
+that run was made), the revision and the schedule; then the nodes.
 
 No secret is written: a param whose name looks like a secret must be given as a template (say
 ``"{{ var.value.report_api_key }}"``, rendered at run time) or the freeze fails; API credentials used
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import textwrap
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -45,7 +47,9 @@ ASSIGNMENT_PATTERN = re.compile(
     r"^(?:(?P<node>[A-Za-z0-9_\-]{1,64})\.)?(?P<name>[A-Za-z_][\w\-]*)=(?P<value>.*)$", re.S
 )
 WHOLE_TEMPLATE = re.compile(r"^\s*\{\{(?:(?!\}\}).)*\}\}\s*$", re.S)  # one expression, nothing else
+DAY_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}")
 WIDTH = 100
+DESCRIPTION_CHARS = 120  # the DAG's one-line description in Airflow's DAG list
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class FrozenSource:
     replans: int | None = None
     final_run: str | None = None  # the run that executed the final revision, when not the session's first
     dropped: tuple[dict[str, Any], ...] = ()  # nodes left out of ``plan`` (see drop_answered)
+    dag_id: str | None = None  # the session's DAG and root run, when frozen from a session
+    run_id: str | None = None
+    run_date: str | None = None  # the day the session's root run was made (YYYY-MM-DD), when known
 
 
 @dataclass(frozen=True)
@@ -272,7 +279,19 @@ class SessionApi:
             revision=revision,
             replans=replans,
             final_run=last if last != root else None,
+            dag_id=dag_id,
+            run_id=root,
+            run_date=self.run_date(dag_id, root),
         )
+
+    def run_date(self, dag_id: str, run_id: str) -> str | None:
+        """The day (``YYYY-MM-DD``) run ``run_id`` was made (its ``run_after``), ``None`` when unknown."""
+        status, data = self._send("GET", f"/api/v2/dags/{_quote(dag_id)}/dagRuns/{_quote(run_id)}")
+        try:
+            made = json.loads(data).get("run_after") if status == 200 else None
+        except (ValueError, AttributeError):
+            made = None
+        return made[:10] if isinstance(made, str) and DAY_PATTERN.match(made) else None
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -319,6 +338,42 @@ def _doc(text: str) -> str:
     return shown.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def _doc_header(
+    source: FrozenSource, *, goal: str, dag_id: str, schedule: str, start_date: date
+) -> list[str]:
+    """The docstring's first lines, the DAG's docs in Airflow (Markdown): what the DAG is, then its goal,
+    where its plan was frozen from, its revision and its schedule, one item each."""
+    revision = "unknown (a plan file)" if source.revision is None else str(source.revision)
+    if source.replans:
+        revision += f", after {source.replans} replan(s)"
+    if source.final_run:
+        revision += f"; it ran as {_doc(source.final_run)}"
+    items = [
+        f"**Goal:** {_doc(goal) or '(none)'}",
+        f"**Frozen from:** {_frozen_from(source)}",
+        f"**Revision:** {revision}",
+        f"**Schedule:** {_doc(schedule)}, from {start_date.isoformat()} (UTC)",
+    ]
+    lines = [f"{_doc(dag_id)}: a frozen plan, run on a schedule with no planner call.", ""]
+    for item in items:
+        lines += textwrap.wrap(
+            f"- {item}", WIDTH, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        )
+    return [*lines, ""]
+
+
+def _frozen_from(source: FrozenSource) -> str:
+    """Which run of which DAG, made on which day, the plan comes from: a run of another DAG, maybe of
+    another Airflow, so named, not linked."""
+    if source.dag_id is None or source.run_id is None:
+        return _doc(source.origin)
+    day = f", made on {source.run_date}" if source.run_date else ""
+    return (
+        f"run {_doc(source.run_id)} of DAG {_doc(source.dag_id)}{day} (a run of the Airflow the plan was "
+        "read from, which may not be this one)"
+    )
+
+
 def render_dag_file(
     source: FrozenSource,
     *,
@@ -359,19 +414,9 @@ def render_dag_file(
     variable = re.sub(r"\W", "_", dag_id)
     variable = variable if variable.isidentifier() and not variable[0].isdigit() else f"dag_{variable}"
     spec = SPEC_PATTERN.match(tools)
-    revision = "unknown (a plan file)" if source.revision is None else str(source.revision)
-    if source.replans:
-        revision += f" (the plan after {source.replans} replan(s))"
-    doc = [
-        f"{_doc(dag_id)}: a frozen plan, run on a schedule with no planner call.",
-        "",
-        f"Goal: {_doc(goal) or '(none)'}",
-        f"Revision: {_doc(revision)}",
-        f"Source: {_doc(source.origin)}",
-        *([f"        (its final revision ran as {_doc(source.final_run)})"] if source.final_run else []),
-        f"Schedule: {_doc(schedule)}",
-        "",
-        "Nodes (each run validates and executes exactly these, strings rendered as Jinja per run; a",
+    doc = _doc_header(source, goal=goal, dag_id=dag_id, schedule=schedule, start_date=start_date)
+    doc += [
+        "**Nodes** (each run validates and executes exactly these, strings rendered as Jinja per run; a",
         "run's conf cannot replace them: a conf that gives a plan is refused):",
         "",
     ]
@@ -383,15 +428,15 @@ def render_dag_file(
     if source.dropped:
         doc += [
             "",
-            "Left out of the source's final plan: the nodes that requested a replan in the source session",
-            "and that no node of the final plan depends on (a frozen plan is never replanned):",
+            "**Left out** of the source's final plan: the nodes that requested a replan in the source",
+            "session and that no node of the final plan depends on (a frozen plan is never replanned):",
             "",
             *(line(node) for node in source.dropped),
         ]
     options = [("--tools", tools), ("--dag-id", dag_id), ("--schedule", schedule)]
     options += [("--start-date", start_date.isoformat()), *(("--param", str(t)) for t in templates)]
     options += [("--approval", approval)] if approval else []
-    doc += ["", "Written by ``airflow-plan freeze`` (see the README) with the options:", ""]
+    doc += ["", "**Written by** airflow-plan freeze (see the README) with the options:", ""]
     doc += [f"    {flag} {_doc(shlex.quote(value))}" for flag, value in options]
     doc += ["", "To change the plan, freeze another session, or edit PLAN: each run validates it."]
     if spec and import_tools:
@@ -428,7 +473,11 @@ def render_dag_file(
         arguments.append(f"limits=Limits({limits_arg})")
     if approval is not None:
         arguments.append(f"approval=ApprovalPolicy({_string(approval)})")
-    arguments += ['tags=["plan", "frozen"]', "doc_md=__doc__"]
+    description = f"Frozen plan, {schedule}: {goal}"
+    description = (
+        description if len(description) <= DESCRIPTION_CHARS else description[: DESCRIPTION_CHARS - 1] + "…"
+    )
+    arguments += ['tags=["plan", "frozen"]', f"description={_string(description)}", "doc_md=__doc__"]
     call = "".join(f"    {argument},\n" for argument in arguments)
     names = [
         *(["ApprovalPolicy"] if approval is not None else []),

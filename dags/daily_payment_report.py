@@ -1,12 +1,12 @@
 """daily_payment_report: a frozen plan, run on a schedule with no planner call.
 
-Goal: find why the payment API got slow yesterday and write a report
-Revision: 1 (the plan after 1 replan(s))
-Source: DAG plan_and_execute, session run manual__2026-11-29T17:19:05.784011+00:00
-        (its final revision ran as manual__2026-11-29T17:19:05.784011+00:00__replan_1)
-Schedule: @daily
+- **Goal:** find why the payment API got slow yesterday and write a report
+- **Frozen from:** run manual__2026-11-29T17:19:05.784011+00:00 of DAG plan_and_execute, made on
+  2026-11-29 (a run of the Airflow the plan was read from, which may not be this one)
+- **Revision:** 1, after 1 replan(s); it ran as manual__2026-11-29T17:19:05.784011+00:00__replan_1
+- **Schedule:** @daily, from 2024-01-01 (UTC)
 
-Nodes (each run validates and executes exactly these, strings rendered as Jinja per run; a
+**Nodes** (each run validates and executes exactly these, strings rendered as Jinja per run; a
 run's conf cannot replace them: a conf that gives a plan is refused):
 
 - 1 · query latency metrics of payment-api for yesterday (query_metrics)
@@ -15,12 +15,12 @@ run's conf cannot replace them: a conf that gives a plan is refused):
 - 5 · correlate latency with dependency health (analyze_correlation)
 - 6 · write the report (write_report)
 
-Left out of the source's final plan: the nodes that requested a replan in the source session
-and that no node of the final plan depends on (a frozen plan is never replanned):
+**Left out** of the source's final plan: the nodes that requested a replan in the source
+session and that no node of the final plan depends on (a frozen plan is never replanned):
 
 - 3 · query deploy records of payment-api for yesterday (query_deploys)
 
-Written by ``airflow-plan freeze`` (see the README) with the options:
+**Written by** airflow-plan freeze (see the README) with the options:
 
     --tools plan_demo.tools:registry
     --dag-id daily_payment_report
@@ -107,5 +107,6 @@ daily_payment_report = build_plan_dag(
     replan=False,
     budgets=Budgets(max_replans=0),
     tags=["plan", "frozen"],
+    description="Frozen plan, @daily: find why the payment API got slow yesterday and write a report",
     doc_md=__doc__,
 )

@@ -26,6 +26,7 @@ plan_and_execute = build_plan_dag(
     goal=GOAL,
     execution=NodeExecution(max_active_nodes=5),
     tags=["example", "plan"],
+    description="A goal in, a plan executed: the offline template planner and the payment-latency demo tools",
     doc_md=__doc__,
 )
 
@@ -36,5 +37,6 @@ plan_and_execute_llm = build_plan_dag(
     goal=GOAL,
     execution=NodeExecution(max_active_nodes=5),
     tags=["example", "plan", "llm"],
+    description="The same goal planned by an LLM (the plan_llm_default connection), the same demo tools",
     doc_md=__doc__,
 )

@@ -61,5 +61,6 @@ plan_and_publish = build_plan_dag(
     execution=NodeExecution(max_active_nodes=5),
     replan=False,
     tags=["example", "plan", "approval"],
+    description="A fixed plan that asks a human before it publishes its report (approval example)",
     doc_md=__doc__,
 )

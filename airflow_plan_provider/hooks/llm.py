@@ -29,7 +29,10 @@ only the model has to be added to its extra (or given to the planner).
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -155,6 +158,30 @@ def settings_from_connection(conn: Connection) -> LLMSettings:
     )
 
 
+def missing_connection_help(conn_id: str) -> str:
+    """What to do when connection ``conn_id`` is not defined: the command, the UI page and the
+    environment variable that each define it."""
+    extra = json.dumps({"model": "gpt-4o-mini"})
+    variable = "AIRFLOW_CONN_" + re.sub(r"\W", "_", conn_id).upper()
+    value = json.dumps(
+        {
+            "conn_type": "plan_llm",
+            "host": "https://api.openai.com/v1",
+            "password": "<API key>",
+            "extra": {"model": "gpt-4o-mini"},
+        }
+    )
+    return (
+        f"The conn_id `{conn_id}` isn't defined. Define it in one of three ways (any OpenAI-compatible "
+        f"base URL; the model is the one the planner asks for):\n"
+        f"  airflow connections add {shlex.quote(conn_id)} --conn-type plan_llm "
+        f"--conn-host https://api.openai.com/v1 --conn-password '<API key>' --conn-extra '{extra}'\n"
+        f"  or in the UI: Admin > Connections > Add Connection, Connection Id {conn_id}, Connection Type "
+        f'"{PlanLLMHook.hook_name}", Base URL, API key and Model\n'
+        f"  or in the environment of every Airflow component: {variable}='{value}'"
+    )
+
+
 class PlanLLMHook(BaseHook):
     """Reads a ``plan_llm`` connection and hands out an ``openai.OpenAI`` client for it.
 
@@ -194,8 +221,15 @@ class PlanLLMHook(BaseHook):
 
     @cached_property
     def settings(self) -> LLMSettings:
-        """The connection's settings; reading them registers the key with the secrets masker."""
-        settings = settings_from_connection(self.get_connection(self.llm_conn_id))
+        """The connection's settings; reading them registers the key with the secrets masker. A connection
+        that is not defined raises Airflow's error, its message saying how to define it."""
+        try:
+            connection = self.get_connection(self.llm_conn_id)
+        except Exception as error:
+            if type(error).__name__ != "AirflowNotFoundException":
+                raise
+            raise type(error)(missing_connection_help(self.llm_conn_id)) from None
+        settings = settings_from_connection(connection)
         mask_key(settings.api_key)
         return settings
 

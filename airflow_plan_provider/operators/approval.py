@@ -12,8 +12,9 @@ nodes_to_approve`); when none is, the task records ``not_needed`` and skips itse
 finalize adds it to the session (``approval.granted`` / ``approval.rejected`` events, the
 SessionResult's ``approvals``). A rejection, or no answer before ``response_timeout`` (the request has
 no default answer, so the form offers Approve and Reject alike; a timeout counts as a rejection),
-skips the node tasks and the pool lanes' ``select_nodes__<pool>`` tasks, so no node runs, and
-finalize ends the session failed with reason ``rejected``.
+ends the task failed ("plan rejected: rejected by <user>; no node runs"), so the node tasks and the
+pool lanes' ``select_nodes__<pool>`` tasks end ``upstream_failed`` and no node runs; finalize ends the
+session failed with reason ``rejected``. The grid names the task "approval" (its id stays ``approve``).
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class PlanApprovalOperator(ApprovalOperator):
                 f"approval_timeout must be a positive timedelta or None, not {response_timeout!r}"
             )
         kwargs.setdefault("retries", 0)  # a retry would ask again for an answer already given
+        # the grid's name for the task: "approve" with a green Success read as an approval whatever the
+        # answer was; the task id stays (REST scripts answer .../taskInstances/approve/-1/hitlDetails)
+        kwargs.setdefault("task_display_name", "approval")
         super().__init__(
             subject="Approve the plan before its nodes run",
             # no default option: Airflow's form draws a default as the one primary button, and Approve
@@ -161,7 +165,8 @@ class PlanApprovalOperator(ApprovalOperator):
         super().execute(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        """Record the answer; on anything but a timely "Approve", skip the node tasks.
+        """Record the answer; on anything but a timely "Approve", end failed ("plan rejected: rejected by
+        <user>"): the task's state says what happened, and no node task runs after it.
 
         An event the approval trigger cannot have sent fails the task: no node runs, and finalize counts
         the request without an answer as a rejection.
@@ -198,8 +203,10 @@ class PlanApprovalOperator(ApprovalOperator):
         ti.xcom_push(key=APPROVAL_KEY, value=approval.model_dump(mode="json"))
         self.log.info("approval of nodes %s: %s (%s)", approval.nodes, approval.status, approval.message)
         if approval.status != "granted":
-            # the node tasks and the lanes' select tasks follow this task directly
-            self.skip(ti=ti, tasks=self.get_direct_relatives(upstream=False))
+            # a rejection ends the task failed (never retried: it would ask again), so its state reads as
+            # what happened; the node tasks and the lanes' select tasks, which follow it directly, end
+            # upstream_failed, and finalize reads the answer from the XCom above
+            raise AirflowFailException(f"plan rejected: {approval.message}; no node runs")
         return approval.model_dump(mode="json")
 
 

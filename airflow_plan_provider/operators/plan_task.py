@@ -43,6 +43,7 @@ from airflow_plan_provider.exceptions import (
 )
 from airflow_plan_provider.operators._telemetry import emit, span
 from airflow_plan_provider.operators.links import ParentRunLink
+from airflow_plan_provider.operators.run_dates import with_run_dates
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
@@ -112,7 +113,8 @@ class PlanOperator(BaseOperator):
         form); the run's conf is then not read at all (it belongs to the DAG the group is in).
         ``None``: the conf (or the DAG's Params) gives the goal, a ready plan and budgets.
     :param ready_plan: a plan baked into the DAG (a frozen plan): every run runs it as is, after
-        rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``). Only
+        rendering its strings as Jinja templates with the run's context (``"{{ ds }}"``; a run without a
+        logical date renders with the dates of its ``run_after``). Only
         this plan, written by the DAG's author, is rendered: a plan from the conf or a planner is
         untrusted text and never is. A conf that gives a plan of its own is refused (planning fails
         with reason ``invalid_plan``): the DAG's reviewed plan is the only one it runs.
@@ -152,6 +154,11 @@ class PlanOperator(BaseOperator):
         self.repair_attempts = repair_attempts
         self.parent_run_id: str | None = None  # set from a verified session, for ParentRunLink
 
+    def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
+        """Render the goal; a run without a logical date renders with its ``run_after``'s dates
+        (:mod:`~airflow_plan_provider.operators.run_dates`)."""
+        super().render_template_fields(with_run_dates(context), jinja_env)
+
     def execute(self, context: Context) -> list[Any]:
         ti = context["ti"]
         run_id = context["run_id"]
@@ -185,7 +192,7 @@ class PlanOperator(BaseOperator):
             self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
         if self.ready_plan is not None and state.current_plan is None:
             try:
-                dag_plan = self.render_template(self.ready_plan, context)
+                dag_plan = self.render_template(self.ready_plan, with_run_dates(context))
             except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan
                 message = f"cannot render the DAG's plan: {type(error).__name__}: {error}"
                 self._fail(ti, state, PlanningError(message, reason="invalid_plan"))
@@ -339,7 +346,7 @@ class PlanOperator(BaseOperator):
             if params.get("max_replans") is not None
             else self.budgets.max_replans,
         )
-        goal = str(params.get("goal") or "")
+        goal = str(params.get("goal") or (self.ready_plan or {}).get("goal") or "")
         return start_session(goal=goal, budgets=budgets, dag_id=ti.dag_id, run_id=run_id)
 
     def _plan(

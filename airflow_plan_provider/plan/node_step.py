@@ -286,6 +286,7 @@ class NodeStep:
             missing_inputs=tuple(self.missing),
             run_id=ctx.run_id,
             revision=self.inputs.run.revision,
+            dag_id=ctx.source.dag_id,
         )
         shown = host.shown_params(params)
         host.log(logging.INFO, "node %s params: %s", node.id, summarize(shown, PARAMS_LOG_CHARS))

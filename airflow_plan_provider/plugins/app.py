@@ -1,9 +1,11 @@
 """The plan view's HTTP routes, mounted in the Airflow API server by :class:`~.plugin.PlanViewPlugin`.
 
 ``GET <prefix>/dags/{dag_id}/runs/{run_id}`` is the page (one static HTML document with inline script
-and SVG); ``GET <prefix>/data/dags/{dag_id}/runs/{run_id}`` is the JSON it polls. Both ask Airflow's
-auth manager for read access to the DAG's runs, task instances and XComs, as the REST API does for the
-same data: no route answers without it (401 without a token, 403 without the permissions).
+and SVG); ``GET <prefix>/data/dags/{dag_id}/runs/{run_id}`` is the JSON it polls;
+``GET <prefix>/dags/{dag_id}/runs/{run_id}/nodes/{node_id}/markdown`` is the Markdown document a node's
+output carries (a report, :mod:`.document`). Each asks Airflow's auth manager for read access to the
+DAG's runs, task instances and XComs, as the REST API does for the same data: no route answers without
+it (401 without a token, 403 without the permissions).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from fastapi.responses import HTMLResponse
 
 from airflow_plan_provider.compat import redact
 from airflow_plan_provider.plugins.data import plan_view
+from airflow_plan_provider.plugins.document import DOCUMENT_CSP, document_of, document_page
 from airflow_plan_provider.plugins.plugin import URL_ROUTE
-from airflow_plan_provider.plugins.store import load_chain
+from airflow_plan_provider.plugins.store import load_chain, load_node_record
 
 URL_PREFIX = "/plan-view"
 
@@ -72,6 +75,34 @@ def create_app() -> FastAPI:
         return plan_view(
             dag_id, run_id, chain, redact=redact, ui_base=ui_base, view_base=view_base, tab_route=URL_ROUTE
         )
+
+    @app.get(
+        "/dags/{dag_id}/runs/{run_id}/nodes/{node_id}/markdown",
+        response_class=HTMLResponse,
+        dependencies=access,
+    )
+    def document(
+        dag_id: str,
+        run_id: str,
+        node_id: str,
+        request: Request,
+        session: SessionDep,
+        group: str | None = None,
+    ) -> HTMLResponse:
+        record = load_node_record(session, dag_id, run_id, node_id, group)
+        text = document_of((record or {}).get("output"))
+        if text is None:
+            missing = f"node {node_id!r} of run {run_id!r} of {dag_id!r} wrote no document"
+            raise HTTPException(status.HTTP_404_NOT_FOUND, missing)
+        view_base, _ui_base = _bases(request)
+        page = document_page(
+            redact(text),
+            title=f"{dag_id} · {run_id} · node {node_id}",
+            source=f"Written by node {node_id} of run {run_id} of DAG {dag_id}",
+            back_url=f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}",
+        )
+        headers = {"Content-Security-Policy": DOCUMENT_CSP, "X-Content-Type-Options": "nosniff"}
+        return HTMLResponse(page, headers={**headers, "Cache-Control": "no-store"})
 
     return app
 

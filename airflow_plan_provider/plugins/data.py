@@ -38,9 +38,11 @@ from airflow_plan_provider.contract import (
 )
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.plan.phases import node_phase
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
+from airflow_plan_provider.plugins.document import document_of
 from airflow_plan_provider.tools.registry import ToolOrigin
 from airflow_plan_provider.tools.sources import listing_of
 
@@ -60,7 +62,8 @@ FINISHED_RUN_STATES = frozenset({"success", "failed"})
 #: A mapped task in one of these states before it expanded has no instance for any node: none of them runs.
 UNEXPANDED_END_STATES = frozenset({"skipped", "upstream_failed", "removed"})
 #: The state shown for a node whose task instance never ran: the run is over (or its node task ended
-#: before it expanded, e.g. skipped after a rejected approval) and the node has no state of its own.
+#: before it expanded, e.g. upstream_failed after a rejected approval) and the node has no state of its
+#: own.
 NOT_RUN = "not_run"
 
 Redact = Callable[[Any], Any]
@@ -187,6 +190,9 @@ def plan_view(
             f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else ""
         )
         view["tab_url"] = f"{view['ui_url']}/plugin/{tab_route}" if tab_route else None
+        for node in view["nodes"]:  # a node's Markdown document (a report) opens on a page of its own
+            wrote = node.pop("document")
+            node["document_url"] = _document_url(view_base, dag_id, run, node) if wrote else None
         runs.append(view)
         previous_plan = _plan_of(run) or previous_plan
     first_session = chain[0].session or {}
@@ -200,6 +206,12 @@ def plan_view(
         "finished": all(run["state"] in FINISHED_RUN_STATES for run in runs),
         "runs": runs,
     }
+
+
+def _document_url(view_base: str, dag_id: str, run: RunData, node: Mapping[str, Any]) -> str:
+    url = f"{view_base}/dags/{quote(dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+    url += f"/nodes/{quote(str(node['id']), safe='')}/markdown"
+    return url + (f"?group={quote(run.prefix.removesuffix('.'), safe='')}" if run.prefix else "")
 
 
 def _goal_of(chain: Sequence[RunData]) -> str:
@@ -310,6 +322,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     for child, parents in plan.parents.items():
         for parent in parents:
             view["edges"].append({"from": parent, "to": child, "optional": plan.is_optional(parent, child)})
+    _add_phases(view["nodes"], plan, run)
     if previous is not None:
         for node_id in (diff or {}).get("removed") or []:
             if node_id in previous.node_ids and node_id not in plan.node_ids:
@@ -346,6 +359,17 @@ def _tool_origins(run: RunData) -> dict[str, str]:
     except ValueError:
         return {}
     return {name: ToolOrigin.from_dict(origin).label() for name, origin in origins.items()}
+
+
+def _add_phases(nodes: Sequence[dict[str, Any]], plan: ValidatedPlan, run: RunData) -> None:
+    """Each node's phase in the provider's words (:func:`~airflow_plan_provider.plan.phases.node_phase`):
+    waiting for named parents, running its tool, polling its job, retrying, or its final state."""
+    states = {node["id"]: node["state"] for node in nodes}
+    for node in nodes:
+        ti = run.ti(node["task_id"].removeprefix(run.prefix), node["map_index"]) or {}
+        parents = {parent: states.get(parent) for parent in plan.parents.get(node["id"], [])}
+        found = node_phase(node["state"], ti.get("next_method"), parents)
+        node |= {"phase": found.phase, "waiting_for": list(found.waiting_for), "waiting_where": found.where}
 
 
 def _node_ti(run: RunData, task_id: str, map_index: int) -> dict[str, Any] | None:
@@ -519,6 +543,7 @@ def _node_view(
         "error": redact(record.get("error")),
         "output_summary": redact(record.get("output_summary")),
         "artifact": {k: artifact.get(k) for k in ("uri", "size", "sha256")} if artifact else None,
+        "document": document_of(record.get("output")) is not None,
         "polling": record.get("polling"),
         "attempts": record.get("attempts", ti.get("try_number")),
         "try_number": ti.get("try_number"),

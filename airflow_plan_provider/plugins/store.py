@@ -34,6 +34,16 @@ def load_chain(session: Session, dag_id: str, run_id: str, group: str | None = N
     return session_chain(run_id, runs)
 
 
+def load_node_record(
+    session: Session, dag_id: str, run_id: str, node_id: str, group: str | None = None
+) -> dict[str, Any] | None:
+    """The record node ``node_id`` of run ``run_id`` pushed (its ``node`` XCom), or None."""
+    prefix = _plan_prefix(session, dag_id, run_id, group)
+    runs = load_runs(session, dag_id, [run_id], keys=(), with_tis=True, prefix=prefix)
+    run = runs.get(run_id)
+    return run.records.get(node_id) if run is not None else None
+
+
 def _plan_prefix(session: Session, dag_id: str, run_id: str, group: str | None) -> str:
     """The task id prefix of the plan to show: ``""`` for a plan DAG, ``"<group>."`` for a task group."""
     if group:
@@ -101,6 +111,7 @@ def load_runs(
                 TaskInstance.end_date,
                 TaskInstance.duration,
                 TaskInstance.hostname,
+                TaskInstance.next_method,
             ).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(runs)))
         )
         for ti in tis:
@@ -111,6 +122,7 @@ def load_runs(
                 "end_date": _iso(ti.end_date),
                 "duration": ti.duration,
                 "hostname": ti.hostname or None,
+                "next_method": ti.next_method or None,  # a deferred node's: what it waits for
             }
     return runs
 

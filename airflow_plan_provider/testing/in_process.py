@@ -151,6 +151,7 @@ def run_plan_dag(
     run_id: str | None = None,
     logical_date: datetime | None = None,
     run_after: datetime | None = None,
+    without_logical_date: bool = False,
 ) -> DagRun:
     """Run one run of a plan DAG in-process, without starting any next revision.
 
@@ -160,6 +161,9 @@ def run_plan_dag(
 
     :param run_id: the run's id (as a REST API trigger or the ``replan`` task may give it); by default
         ``dag.test()`` makes one.
+    :param without_logical_date: make a run with no logical date (as a REST API trigger with
+        ``"logical_date": null`` does), at ``run_after`` (now by default). ``dag.test()`` then clears the
+        task instances of every earlier run of the DAG first.
     """
     _write_to_db(dag)
     with _mapped_instances_in_map_index_order():
@@ -170,6 +174,7 @@ def run_plan_dag(
             logical_date=logical_date,
             run_after=run_after,
             mark_success_pattern=f"^{REPLAN_TASK}$",
+            without_logical_date=without_logical_date,
         )
 
 
@@ -213,16 +218,17 @@ def _test(
     logical_date: datetime | None = None,
     run_after: datetime | None = None,
     mark_success_pattern: str | None = None,
+    without_logical_date: bool = False,
 ) -> DagRun:
     """``dag.test()`` once, the run named ``run_id`` when given.
 
-    A run always gets a logical date (now by default): ``dag.test()`` clears the task instances of
-    every run at its logical date first, and with none, of every run of the DAG.
+    A run gets a logical date (now by default) unless ``without_logical_date``: ``dag.test()`` clears
+    the task instances of every run at its logical date first, and with none, of every run of the DAG.
     """
     with _next_run_id(run_id), _hitl_triggers_in_process():
         run: DagRun = dag.test(
             run_conf=dict(conf or {}),
-            logical_date=logical_date or datetime.now(UTC),
+            logical_date=None if without_logical_date else logical_date or datetime.now(UTC),
             run_after=run_after,
             mark_success_pattern=mark_success_pattern,
         )

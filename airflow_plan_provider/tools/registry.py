@@ -64,6 +64,7 @@ class ToolContext:
         as ``None``.
     :param run_id: the Airflow run the node runs in.
     :param revision: the plan's revision in the session (0 before any replan).
+    :param dag_id: the DAG the node runs in.
     """
 
     node_id: str
@@ -72,6 +73,7 @@ class ToolContext:
     missing_inputs: tuple[str, ...] = ()
     run_id: str = ""
     revision: int = 0
+    dag_id: str = ""
 
 
 OriginKind = Literal["python", "mcp", "sql", "http", "common-ai"]

@@ -187,5 +187,9 @@ def render_report(goal: str, finding: dict, metrics: dict, errors: Any, ctx: Too
             "succeed, so the sections that depend on it are incomplete.",
             "",
         ]
-    lines += ["---", f"Written by node {ctx.node_id} (revision {ctx.revision}, try {ctx.attempt})."]
+    lines += [
+        "---",
+        f"Written by node {ctx.node_id} of run {ctx.run_id} of DAG {ctx.dag_id or '(none)'} "
+        f"(revision {ctx.revision}, try {ctx.attempt}).",
+    ]
     return title, "\n".join(lines) + "\n"

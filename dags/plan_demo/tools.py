@@ -279,11 +279,12 @@ def report_dir() -> Path:
     return Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser() / "plan_reports"
 
 
-@registry.tool(description="Write the Markdown report of a finding; returns its path, title and summary.")
+@registry.tool(description="Write the Markdown report of a finding; returns it, its path, title and summary.")
 def write_report(goal: str, finding: dict, metrics: dict, errors: Any = None, *, ctx: ToolContext) -> dict:
     """Render the report and write it to a file named after the day it covers and the call's
     idempotency key (``<day>_<key>.md``): one file per day, and every try of the same node writes the
-    same file."""
+    same file. The output carries the report's text too (``markdown``): the Plan view opens it from the
+    node's details."""
     if isinstance(errors, MissingInput):
         errors = None
     title, text = render_report(goal, finding, metrics, errors, ctx)
@@ -296,7 +297,7 @@ def write_report(goal: str, finding: dict, metrics: dict, errors: Any = None, *,
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)  # a reader sees the old report or the new one, never half of one
-    return {"path": str(path), "title": title, "summary": finding.get("sentence", "")}
+    return {"path": str(path), "title": title, "summary": finding.get("sentence", ""), "markdown": text}
 
 
 #: The Airflow connection (conn type ``mcp``) of the demo's MCP server (:mod:`plan_demo.mcp_server`).

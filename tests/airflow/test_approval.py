@@ -476,9 +476,9 @@ def test_an_approval_rejected_through_the_api_runs_no_node_and_fails_the_session
 
     states = task_states(run)
     assert str(run.state) == "failed", states
-    assert states[APPROVE_TASK] == "success"  # it asked and recorded the answer
+    assert states[APPROVE_TASK] == "failed"  # it recorded the answer, and its state says it: rejected
     nodes = {task: state for task, state in states.items() if task.startswith(NODES_TASK)}
-    assert nodes and set(nodes.values()) == {"skipped"}, states
+    assert nodes and set(nodes.values()) == {"upstream_failed"}, states
     assert log.calls() == []  # no tool was called, the risky one least of all
 
     recorded = xcom(run, APPROVE_TASK, key=APPROVAL_KEY)

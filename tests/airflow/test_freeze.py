@@ -61,7 +61,14 @@ def render(plan: dict[str, Any], *templates: str, **options: Any) -> str:
     options.setdefault("schedule", "@daily")
     options.setdefault("start_date", date(2024, 1, 1))
     source = FrozenSource(
-        plan=plan, origin="DAG d, session run r", revision=2, replans=1, final_run="r__replan_2"
+        plan=plan,
+        origin="DAG d, session run r",
+        revision=2,
+        replans=1,
+        final_run="r__replan_2",
+        dag_id="d",
+        run_id="r",
+        run_date="2026-11-29",
     )
     return render_dag_file(source, templates=[ParamTemplate.parse(t) for t in templates], **options)
 
@@ -113,13 +120,15 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
     text = render(demo_plan(), f"day={DAY}")
     assert text == render(demo_plan(), f"day={DAY}")  # the same inputs, the same file
     doc, plan, keywords = module_parts(text)
-    assert doc.splitlines()[:6] == [
+    assert doc.splitlines()[:8] == [
         "daily_report: a frozen plan, run on a schedule with no planner call.",
         "",
-        "Goal: latency report",
-        "Revision: 2 (the plan after 1 replan(s))",
-        "Source: DAG d, session run r",
-        "        (its final revision ran as r__replan_2)",
+        "- **Goal:** latency report",
+        "- **Frozen from:** run r of DAG d, made on 2026-11-29 (a run of the Airflow the plan was read from,",
+        "  which may not be this one)",
+        "- **Revision:** 2, after 1 replan(s); it ran as r__replan_2",
+        "- **Schedule:** @daily, from 2024-01-01 (UTC)",
+        "",
     ]
     assert "- 2 · health (query_service_health)" in doc
     assert f"    --param 'day={DAY}'" in doc and "    --schedule @daily" in doc
@@ -135,6 +144,7 @@ def test_the_file_names_goal_revision_and_source_and_builds_a_frozen_scheduled_d
         "replan": "False",
         "budgets": "Budgets(max_replans=0)",
         "tags": "['plan', 'frozen']",
+        "description": "'Frozen plan, @daily: latency report'",
         "doc_md": "__doc__",
     }
     assert "from plan_demo.tools import registry as tools\n" in text
@@ -156,7 +166,7 @@ def test_plan_text_cannot_escape_the_docstring_or_the_literal() -> None:
     assert frozen == plan  # the literal holds the text exactly
     assert "\x1b" not in text and "\u202e" not in text  # escaped, visible
     shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in hostile)
-    assert f"Goal: {shown}" in doc.splitlines() and f"- 1 · {shown} (query_metrics)" in doc.splitlines()
+    assert f"- **Goal:** {shown}" in " ".join(doc.splitlines()) and f"- 1 · {shown} (query_metrics)" in doc
 
 
 def test_a_node_that_requested_a_replan_is_dropped_only_when_no_node_depends_on_it() -> None:
@@ -180,7 +190,7 @@ def test_a_node_that_requested_a_replan_is_dropped_only_when_no_node_depends_on_
     )
     doc, frozen, _ = module_parts(text)
     assert [n["id"] for n in frozen["nodes"]] == ["1", "2"]
-    assert "Left out of the source's final plan" in doc and "- 3 · deploys (query_deploys)" in doc
+    assert "**Left out** of the source's final plan" in doc and "- 3 · deploys (query_deploys)" in doc
     assert "a conf that gives a plan is refused" in doc
 
 
@@ -220,7 +230,7 @@ def test_cli_writes_the_file_or_says_why_not(tmp_path: Path, capsys: pytest.Capt
     out = tmp_path / "daily_report.py"
     assert freeze(tmp_path, demo_plan(), f"--param=day={DAY}", "--start-date=2024-05-01", "-o", str(out)) == 0
     doc, plan, keywords = module_parts(out.read_text())
-    assert "Source: plan file plan.json" in doc and "Revision: unknown (a plan file)" in doc
+    assert "- **Frozen from:** plan file plan.json" in doc and "- **Revision:** unknown (a plan file)" in doc
     assert plan["nodes"][1]["params"]["day"] == DAY and keywords["start_date"].startswith(
         "datetime(2024, 5, 1"
     )
@@ -288,6 +298,9 @@ def test_the_daily_report_runs_its_source_sessions_final_plan_for_each_day() -> 
     assert (mine["title"], mine["summary"]) == (theirs["title"], theirs["summary"])
     yesterday = (today - timedelta(days=1)).date().isoformat()
     assert Path(mine["path"]).name.startswith(f"{yesterday}_daily_payment_report_")
+    # the report says which DAG and run wrote it, in the file and in the output the Plan view opens
+    footer = f"Written by node 6 of run {run.run_id} of DAG daily_payment_report (revision 0, try 1)."
+    assert footer in Path(mine["path"]).read_text() and footer in mine["markdown"]
     assert json.dumps(result).count("{{") == 0  # every template was rendered
 
     earlier = run_plan_dag(dag, logical_date=today - timedelta(days=3))
@@ -318,7 +331,7 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     run = run_plan_dag(dag, logical_date=datetime(2024, 3, 5, tzinfo=UTC))
     assert xcom(run, FINALIZE_TASK)["outputs"]["1"] == {"text": "day 2024-03-05"}
     # the DAG runs its own plan only: the form has no "Ready plan" field, and a conf plan is refused
-    assert "plan" not in dag.params and "goal" in dag.params
+    assert list(dag.params) == ["max_steps"]  # only what applies: no goal, ready plan or replan budget
     refused = run_plan_dag(dag, {"plan": plan_with("{{ ds }}")})
     assert task_states(refused)[PLAN_TASK] == "failed" and log.count("echo") == 1
     result = xcom(refused, FINALIZE_TASK)
@@ -334,3 +347,21 @@ def test_only_the_dags_own_plan_is_rendered_and_a_bad_template_fails_planning(tm
     assert task_states(failed)[PLAN_TASK] == "failed" and log.count("echo") == 2
     result = xcom(failed, FINALIZE_TASK)
     assert result["reason"] == "invalid_plan" and "cannot render the DAG's plan" in result["message"]
+
+
+@pytest.mark.airflow
+def test_a_run_without_a_logical_date_renders_the_plan_with_its_run_after(tmp_path: Path) -> None:
+    """A REST API trigger may give ``"logical_date": null``: the frozen plan's date templates then
+    render with the run's ``run_after`` (the committed daily report reports on the day before it)."""
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import xcom
+
+    frozen = load_dag_file(DAILY, "daily_payment_report_without_date")
+    run_after = datetime.now(UTC).replace(hour=6, minute=47, second=0, microsecond=0)
+    run = run_plan_dag(frozen.daily_payment_report, run_after=run_after, without_logical_date=True)
+    assert run.logical_date is None
+    assert str(run.state) == "success", xcom(run, FINALIZE_TASK)
+    outputs = xcom(run, FINALIZE_TASK)["outputs"]
+    yesterday = (run_after - timedelta(days=1)).date().isoformat()
+    assert outputs["1"]["day"] == outputs["2"]["day"] == yesterday
+    assert Path(outputs["6"]["path"]).name.startswith(f"{yesterday}_daily_payment_report_")

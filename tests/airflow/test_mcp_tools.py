@@ -159,7 +159,7 @@ def test_a_dag_declaring_a_server_parses_without_it_serializes_stably_and_names_
     assert lane in dag.task_dict and dag.task_dict[lane].pool == "mcp_pool"
     assert APPROVE_TASK in dag.task_dict  # a server's tools may be destructive: the task asks when one is
     form = json.dumps(dag.params.get_param("plan").dump())
-    assert "the tools of MCP server `nowhere` (Airflow connection), named `nowhere.<tool>`" in form
+    assert "the tools of MCP server **nowhere** (Airflow connection), named nowhere.<tool>" in form
 
 
 def _dag_run(run: Any) -> Any:

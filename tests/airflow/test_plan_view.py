@@ -330,6 +330,31 @@ def test_nodes_take_their_state_from_the_nodes_task_in_layer_order():
     assert (nodes["b"]["state"], nodes["a"]["hostname"]) == ("deferred", "worker-a")
 
 
+def test_a_node_waiting_for_its_parents_is_told_from_one_whose_tool_runs():
+    """Both are "running" in Airflow: the view gives each node the provider's phase, naming the parents
+    a waiting node waits for; a deferred node waits for its parents or polls its job."""
+    root = two_revisions()["r"]
+    root.state = "running"
+
+    def phases(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+        root.tis[(NODES_TASK, 0)], root.tis[(NODES_TASK, 1)] = a, b
+        nodes = by_id(plan_view("d", "r", [root])["runs"][0])
+        return {n: (v["phase"], v["waiting_for"], v["waiting_where"], v["state"]) for n, v in nodes.items()}
+
+    running = {"state": "running", "try_number": 1}
+    assert phases(running, running) == {
+        "a": ("running", [], None, "running"),
+        "b": ("waiting", ["a"], "in its slot", "running"),
+    }
+    done = {"state": "success", "try_number": 1}
+    assert phases(done, running)["b"] == ("running", [], None, "running")
+    parked = {"state": "deferred", "try_number": 1, "next_method": "resume_after_parents"}
+    assert phases(running, parked)["b"] == ("waiting", ["a"], "deferred", "deferred")
+    polling = {"state": "deferred", "try_number": 1, "next_method": "resume_after_job"}
+    assert phases(done, polling)["b"][0] == "polling"
+    assert phases(done, {"state": "up_for_retry", "try_number": 1})["b"][0] == "retrying"
+
+
 def test_the_plugin_is_registered_for_the_api_server():
     """Installed through the ``airflow.plugins`` entry point: Airflow loads it whatever
     ``[core] lazy_discover_providers`` says; the API server mounts its app and the UI shows its tab."""
@@ -355,7 +380,7 @@ def test_nodes_that_never_ran_are_shown_not_run_not_pending():
     root = two_revisions()["r"]
     root.state = "running"
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {None}  # still to come
-    root.tis[(NODES_TASK, -1)] = {"state": "skipped"}  # skipped before it expanded: a rejected approval
+    root.tis[(NODES_TASK, -1)] = {"state": "upstream_failed"}  # ended before it expanded: a rejected approval
     assert {n["state"] for n in plan_view("d", "r", [root])["runs"][0]["nodes"]} == {"not_run"}
     del root.tis[(NODES_TASK, -1)]
     root.state = "failed"  # the run is over: a node without a state of its own never ran
@@ -403,3 +428,44 @@ def test_a_revised_node_shows_what_changed_with_secrets_masked():
             },
         }
     ]
+
+
+@pytest.mark.airflow
+def test_a_document_a_node_wrote_opens_from_its_details_rendered_and_sandboxed(api, tmp_path):
+    """A node whose output carries ``markdown`` (the demo's report): the view links to it, and the route
+    renders it on a page that names the node, run and DAG, runs no script, and answers only a user."""
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.testing import ScriptedTool
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+
+    text = "# Latency report\n\n| hour | p99 |\n| --- | --- |\n| 13 | 870 |\n\n<script>alert(1)</script>\n"
+    log = CallLog(tmp_path)
+    tools = scripted_registry(
+        ScriptedTool("write", log=log, returns={"title": "t", "markdown": text}),
+        ScriptedTool("read", log=log, returns={"rows": 3}),
+    )
+    plan = {
+        "goal": "report",
+        "nodes": [
+            {"id": "1", "action": "read", "tool": "read"},
+            {"id": "2", "action": "write", "tool": "write", "params": {}},
+        ],
+        "edges": [{"from": "1", "to": "2"}],
+    }
+    run = run_plan_dag(build_plan_dag("view_document", planner=None, tools=tools), {"plan": plan})
+    client, manager = api
+    headers = {"Authorization": f"Bearer {token(manager)}"}
+    data = client.get(f"/plan-view/data/dags/view_document/runs/{run.run_id}", headers=headers).json()
+    nodes = by_id(data["runs"][0])
+    assert nodes["1"]["document_url"] is None
+    url = nodes["2"]["document_url"]
+    assert url.startswith("/plan-view/dags/view_document/runs/") and url.endswith("/nodes/2/markdown")
+
+    assert client.get(url).status_code == 401
+    page = client.get(url, headers=headers)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert policy.startswith("sandbox ") and "script-src" not in policy and "default-src 'none'" in policy
+    assert "<h1>Latency report</h1>" in page.text and "<td>870</td>" in page.text
+    assert f"Written by node 2 of run {run.run_id} of DAG view_document" in page.text
+    assert client.get(url.replace("/nodes/2/", "/nodes/1/"), headers=headers).status_code == 404

@@ -53,6 +53,9 @@ def test_example_dags_import_without_errors():
     assert {"plan_and_execute", "plan_and_execute_llm"} <= set(bag.dag_ids)
     dag = bag.dags["plan_and_execute"]
     assert set(dag.params.keys()) >= {"goal", "plan", "max_replans", "max_steps"}
+    # each reads as one line in the DAG list
+    described = {dag_id: bag.dags[dag_id].description or "" for dag_id in bag.dag_ids}
+    assert all(20 <= len(text) <= 120 and "\n" not in text for text in described.values()), described
 
 
 # Airflow's plugin import errors (what its UI lists under plugins), as a process that loads the plugins

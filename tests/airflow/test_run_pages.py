@@ -129,17 +129,47 @@ def test_a_skipped_and_a_reused_node_say_why(tmp_path, capfd):
     assert 'node 1 reused: it succeeded in an earlier revision; output: {"p99": 870}' in logs
 
 
-def test_trigger_form_describes_budgets_and_shows_a_valid_ready_plan():
+def test_trigger_form_describes_budgets_and_shows_a_ready_plan_of_the_dags_own_tools():
     from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.tools.registry import ToolRegistry
 
-    form = {name: param.dump() for name, param in plan_params("a goal").items()}
+    tools = ToolRegistry()
+
+    @tools.tool(description="Orders of a day.")
+    def fetch_orders(day: str, limit: int = 10) -> list:
+        return []
+
+    @tools.tool(description="Refunds of a region.")
+    def fetch_refunds(region: str = "eu") -> list:
+        return []
+
+    @tools.tool(description="Compare two series.")
+    def compare(orders: list, refunds: dict, label: str) -> dict:
+        return {}
+
+    form = {name: param.dump() for name, param in plan_params("a goal", tools=tools).items()}
     for name in ("max_replans", "max_steps"):
         assert len(form[name]["description"] or "") > 40, name
     assert "replan" in form["max_replans"]["description"] and "tool calls" in form["max_steps"]["description"]
     text = form["plan"]["schema"]["description_md"]
     example = json.loads(re.search(r"```json\n(.*?)\n```", text, re.S).group(1))
-    assert validate_plan(example).layers == [["1", "2"], ["3"]]  # a valid shape, with no DAG's tools in it
-    assert {node["tool"] for node in example["nodes"]} == {"<a tool of this DAG>"}
+    # a valid plan of this DAG's tools: two nodes feeding a third, which takes their outputs
+    assert validate_plan(example, tools).layers == [["1", "2"], ["3"]]
+    assert {node["tool"] for node in example["nodes"]} <= set(tools)
+    assert [node["params"] for node in example["nodes"]] == [
+        {"day": "<day>"},
+        {},
+        {"orders": "${1}", "refunds": "${2}", "label": "<label>"},
+    ]
+    # no inline code: Airflow draws its box taller than the line, over the lines around it
+    assert "`" not in text.replace("```json\n", "").replace("\n```", "")
+    assert "example" not in plan_params("a goal")["plan"].dump()["schema"]["description_md"].lower()
+
+
+def test_a_frozen_or_non_replanning_dags_form_has_only_the_fields_that_apply():
+    assert list(plan_params("g", frozen=True)) == ["max_steps"]
+    assert list(plan_params("g", replans=False)) == ["goal", "plan", "max_steps"]
+    assert list(plan_params("g")) == ["goal", "plan", "max_replans", "max_steps"]
 
 
 def test_trigger_form_lists_the_dags_tools_beside_the_ready_plan(tmp_path):
@@ -157,13 +187,12 @@ def test_trigger_form_lists_the_dags_tools_beside_the_ready_plan(tmp_path):
 
     dag = build("pages_form_tools", ScriptedPlanner(seed_plan()), seed_tools(CallLog(tmp_path)))
     built = dag.params.get_param("plan").dump()["schema"]["description_md"]
-    assert "This DAG's tools" in built and "- `query_deploys`: " in built
+    assert "**This DAG's tools**" in built and "- **query_deploys**: " in built
     text = plan_params("g", tools=registry)["plan"].dump()["schema"]["description_md"]
-    listed = text.split("This DAG's tools:\n\n", 1)[1].splitlines()
+    listed = text.split("**This DAG's tools**\n\n", 1)[1].splitlines()
     assert listed == [
-        "- `purge`: Delete stale rows. Needs approval. Params: `table` (string), `rows` (integer).",
-        "- `query_metrics`: Hourly latency of a service. "
-        "Params: `service` (string), `day` (string, optional).",
+        "- **purge**: Delete stale rows. Needs approval. Params: table (string), rows (integer).",
+        "- **query_metrics**: Hourly latency of a service. Params: service (string), day (string, optional).",
     ]
 
 
@@ -183,3 +212,61 @@ def test_plan_llm_connection_form_through_the_hook_meta_endpoint():
     model = meta["extra_fields"]["model"]
     assert model["schema"]["title"] == "Model" and "gpt-4o-mini" in model["description"]
     assert "gpt-4o-mini" in model["schema"]["examples"]
+
+
+def test_a_missing_llm_connection_says_how_to_define_it_and_the_command_given_does(monkeypatch):
+    """``plan_and_execute_llm`` without its connection: the error gives the command, the UI path and the
+    environment variable; the command, run as given, defines the connection, and so does the variable."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from airflow_plan_provider.exceptions import PlanningError
+    from airflow_plan_provider.hooks.llm import PlanLLMHook
+    from airflow_plan_provider.planners.base import PlanRequest
+    from airflow_plan_provider.planners.llm import LLMPlanner
+
+    conn_id = "plan_llm_help_check"
+    monkeypatch.delenv(f"AIRFLOW_CONN_{conn_id.upper()}", raising=False)
+    request = PlanRequest(goal="g", tools=scripted_registry(*seed_tools(CallLog(Path("/nonexistent")))))
+    with pytest.raises(PlanningError) as caught:
+        LLMPlanner(conn_id=conn_id).plan(request)
+    message = str(caught.value)
+    assert f"The conn_id `{conn_id}` isn't defined" in message
+    assert "Admin > Connections > Add Connection" in message and '"Plan LLM (OpenAI-compatible)"' in message
+    [command] = [line.strip() for line in message.splitlines() if "airflow connections add" in line]
+    [variable] = [line.split(": ", 1)[1] for line in message.splitlines() if "AIRFLOW_CONN_" in line]
+
+    airflow = Path(sys.executable).with_name("airflow")
+
+    def cli(*words: str) -> str:
+        done = subprocess.run(
+            [str(airflow), *words], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    arguments = shlex.split(command.replace("<API key>", "sk-test-0123456789"))
+    assert arguments[:3] == ["airflow", "connections", "add"]
+    cli(*arguments[1:])
+    try:
+        shown = cli("connections", "get", conn_id, "-o", "json")
+    finally:
+        cli("connections", "delete", conn_id)
+    [defined] = json.loads(shown[shown.index("[") :])
+    assert (defined["conn_type"], defined["host"], defined["password"]) == (
+        "plan_llm",
+        "https://api.openai.com/v1",
+        "sk-test-0123456789",
+    )
+    assert defined["extra_dejson"] == {"model": "gpt-4o-mini"}
+
+    name, value = variable.split("=", 1)
+    monkeypatch.setenv(name, shlex.split(value)[0].replace("<API key>", "sk-env"))
+    settings = PlanLLMHook(conn_id).settings
+    assert (settings.base_url, settings.model, settings.api_key) == (
+        "https://api.openai.com/v1",
+        "gpt-4o-mini",
+        "sk-env",
+    )

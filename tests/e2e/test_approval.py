@@ -229,6 +229,8 @@ def test_rejected_plan_runs_no_node_and_fails_rejected(env: Env) -> None:
     assert [e["type"] for e in result["events"] if e["type"].startswith("approval.")] == ["approval.rejected"]
     assert env.calls_of(dag_id, run_id, "purge") == [] and env.calls_of(dag_id, run_id) == []
     tis = env.cluster.task_instances(dag_id, run_id)
+    # the approval task's state says what happened: it ends failed, and the node tasks after it do not run
+    assert {t["task_id"]: t["state"] for t in tis if t["map_index"] == -1}[APPROVE_TASK] == "failed"
     assert not [t for t in tis if t["task_id"].startswith(NODES_TASK) and t["state"] == "success"]
 
 
@@ -290,9 +292,10 @@ def test_an_approval_answered_as_soon_as_the_request_appears_completes(env: Env)
 
 def test_a_frozen_dag_refuses_a_plan_given_in_the_conf(env: Env) -> None:
     """``daily_payment_report``'s docstring: each run executes exactly its own nodes, a conf plan is
-    refused. The trigger form has no "Ready plan" field, and a run given one runs no tool."""
+    refused. The trigger form has only the step budget (no "Ready plan" field), and a run given a plan
+    runs no tool."""
     details = env.cluster.api("GET", f"/dags/{FROZEN}/details")
-    assert "plan" not in details["params"] and "goal" in details["params"]
+    assert sorted(details["params"]) == ["max_steps"]
     assert "a conf that gives a plan is refused" in details["doc_md"]
     run_id = env.runs["frozen_conf"]
     state, result = finish(env, FROZEN, run_id)
@@ -356,12 +359,13 @@ def test_freeze_through_the_rest_api_writes_the_committed_example(env: Env, tmp_
     assert done.returncode == 0, done.stderr
 
     text = output.read_text()
-    assert env.passwords["alice"] not in text and "Revision: 1 (the plan after 1 replan(s))" in text
-    assert f"Source: DAG {EXAMPLE}, session run {root}\n" in text
-    assert f"(its final revision ran as {root}__replan_1)" in text
+    assert env.passwords["alice"] not in text and "- **Revision:** 1, after 1 replan(s); it ran as" in text
+    made = env.cluster.get_run(EXAMPLE, root)["run_after"][:10]
+    assert f"- **Frozen from:** run {root} of DAG {EXAMPLE}, made on\n  {made} (a run of" in text
+    assert f"it ran as {root}__replan_1\n" in text
 
     def without_run_ids(dag_file: str) -> str:
-        return re.sub(r"manual__[0-9T:.+\-]+", "<run>", dag_file)
+        return re.sub(r"manual__[0-9T:.+\-]+|made on\n  \d{4}-\d{2}-\d{2}", "<run>", dag_file)
 
     assert without_run_ids(text) == without_run_ids(DAILY.read_text())
 

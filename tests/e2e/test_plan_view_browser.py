@@ -3,9 +3,12 @@ against a real API server with Airflow's auth on (simple auth manager, signed in
 
 One cluster and one browser serve the module: the example DAG's seed session (node 3 finds no deploy and
 asks for a replan; revision 1 revises node 5) is run once, and so is a run of the approval example
-``plan_and_publish`` whose plan is rejected. The first test watches the plan view while the session
-runs; the others read the finished session's view as a user sees it and compare it with what the REST
-API says. No page shows "null", "undefined" or a raw translation key. Screenshots go to
+``plan_and_publish`` whose plan is rejected in the UI. The first test watches the plan view while the
+session runs; the others read the finished session's view as a user sees it and compare it with what
+the REST API says. Beside them: the frozen ``daily_payment_report`` triggered through the REST API
+without a logical date, a node seen waiting for its named parents and then running
+(``tests/e2e/dags/phase_dags.py``), the trigger form's tool list on a 1600 px wide page, and the report
+opened from the plan view. No page shows "null", "undefined" or a raw translation key. Screenshots go to
 ``tests/e2e/output/plan_view/`` (``$PLAN_E2E_OUTPUT/plan_view/`` when set).
 """
 
@@ -22,20 +25,23 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
-from harness.cluster import AirflowApiError, AirflowCluster
-from tests.e2e.conftest import EXAMPLE_FILES, demo_env, plan_cluster
+from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
+from harness.cluster import AirflowCluster
+from tests.e2e.conftest import E2E_DAGS, EXAMPLE_FILES, demo_env, plan_cluster
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG = "plan_and_execute"
 PUBLISH = "plan_and_publish"  # the approval example: rejected here
+DAILY = "daily_payment_report"  # the frozen example: triggered without a logical date
+PHASES = "e2e_phases"  # node 3 waits for its slow parent 1, then runs its own tool
 GOAL = "find why the payment API got slow yesterday and write a report"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -128,12 +134,21 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
     }
-    files = (*EXAMPLE_FILES, ROOT / "dags" / "plan_and_publish.py")
-    with plan_cluster(base, files, [DAG, PUBLISH], env=env) as cluster:
+    dags = ROOT / "dags"
+    files = (
+        *EXAMPLE_FILES,
+        dags / "plan_and_publish.py",
+        dags / "daily_payment_report.py",
+        E2E_DAGS / "phase_dags.py",
+    )
+    with plan_cluster(base, files, [DAG, PUBLISH, DAILY, PHASES], env=env, unpause=False) as cluster:
         # the session waits, queued, until the first test has its page open (it unpauses the DAG); its
         # nodes then run one at a time, held until the page has drawn the plan
-        # (hold_nodes_after_planning), so their states change across several of the page's refreshes
-        cluster.pause(DAG)
+        # (hold_nodes_after_planning), so their states change across several of the page's refreshes.
+        # The other DAGs wait, paused, for their tests: nothing else takes the pool's one slot meanwhile
+        for dag_id in (DAG, DAILY, PHASES):
+            cluster.pause(dag_id)
+        cluster.unpause(PUBLISH)
         pool_slots = set_default_pool_slots(cluster, 1)
         root = cluster.trigger(DAG, {"goal": GOAL})
         rejected = cluster.trigger(PUBLISH)
@@ -276,6 +291,29 @@ def task_instance(cluster: AirflowCluster, run_id: str, task_id: str, map_index:
     return ti
 
 
+def reject_in_the_ui(browser: Any) -> str:
+    """Press Reject on the open request; the toast's text once it says the answer was recorded. A busy
+    SQLite server may refuse the answer ("Response failed"): pressed again then."""
+    from selenium.webdriver.common.by import By
+
+    for _ in range(5):
+        browser.find_element(By.CSS_SELECTOR, "[data-testid='hitl-option-Reject']").click()
+        toast = wait(
+            browser,
+            lambda d: [
+                e.text
+                for e in d.find_elements(
+                    By.XPATH, "//*[contains(text(), 'response successful') or text()='Response failed']"
+                )
+                if e.text
+            ],
+        )[0]
+        if toast != "Response failed":
+            return str(toast)
+        time.sleep(2)
+    raise AssertionError("the answer was refused five times")
+
+
 # ----------------------------------------------------------------------------------------------- tests
 
 
@@ -323,9 +361,9 @@ def test_view_follows_the_session_while_it_runs(session: Session, browser: Any) 
         assert seen[-1] == session.cluster.node_states(DAG, session.root)
         assert len(seen) >= 2, seen  # it showed the states change
         assert any(state != "success" for state in seen[0].values()), seen  # from before the nodes ran
-        # running while its nodes ran (success once the outcome is written, before the run's state is)
-        assert "running" in shown_while_running, shown_while_running
-        assert shown_while_running <= {"running", "success"}, shown_while_running
+        # the badge follows the runs: running while its nodes ran, and until the runs had ended (never
+        # "success" while Airflow's header still says "Running")
+        assert shown_while_running == {"running"}, shown_while_running
         assert {1, 2} <= runs_seen  # and the replan run join the chain
         assert_clean(browser, "the plan view of a finished session")
     finally:
@@ -436,7 +474,13 @@ def test_each_revision_shows_its_states_and_revision_1_its_diff(session: Session
     ti = task_instance(cluster, session.child, NODES_TASK, 4)
     assert node5["Tool"] == "analyze_correlation" and node5["Reused"] == "no"
     assert node5["Worker"] == ti["hostname"] and node5["Attempts"] == str(ti["try_number"])
-    assert node5["Revision"] == "revised"
+    # its own details say what the revision changed, before -> after
+    assert node5["Revision"].startswith("revised\n"), node5
+    assert 'params.against: "${3}" → "${2}"' in node5["Revision"].splitlines(), node5
+    assert any(
+        line.startswith('action: "correlate latency with the deploy" →')
+        for line in node5["Revision"].splitlines()
+    )
     shot(browser, "03_revision_1_diff_node_5")
     assert details(browser, "1")["Reused"].startswith("yes")
 
@@ -523,7 +567,21 @@ def test_one_node_duration_in_the_log_the_event_the_view_and_the_rest_xcom(
     # the waiting before the call and the task's own duration are shown apart, named
     assert row["Waited before the call"].endswith("(for its parents or a slot, in its task)")
     assert row["Task in Airflow"].endswith(" s")
+    # times as Airflow shows them: YYYY-MM-DD HH:mm:ss in the timezone chosen in Airflow's UI (its
+    # localStorage "timezone"; UTC here), and in another once the user picks it
+    started = datetime.fromisoformat(ti["start_date"].replace("Z", "+00:00"))
+    assert row["Started"] == started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), row
     shot(browser, "09_node_5_duration")
+    browser.execute_script("localStorage.setItem('timezone', JSON.stringify('Asia/Kolkata'));")
+    try:
+        browser.refresh()
+        wait_loaded(browser)
+        select_revision(browser, 1)
+        shown_in_india = details(browser, "5")["Started"]
+    finally:
+        browser.execute_script("localStorage.removeItem('timezone');")
+    india = timezone(timedelta(hours=5, minutes=30))
+    assert shown_in_india == started.astimezone(india).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) -> None:
@@ -556,23 +614,189 @@ def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) 
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", buttons[0])
     time.sleep(1.0)
     shot(browser, "10_approval_request")
-    for _ in range(10):  # SQLite allows one writer: a busy server answers 5xx, and the answer is sent again
-        try:
-            cluster.request("PATCH", hitl, {"chosen_options": ["Reject"]})
-            break
-        except AirflowApiError as error:
-            if error.status == 409:  # an earlier try was stored after all
-                break
-            if not error.busy:
-                raise
-            time.sleep(1)
+    # the user presses Reject; Airflow's toast says the answer was recorded, in Airflow's words (README:
+    # Approval), and the request then reads as a rejection
+    toast = reject_in_the_ui(browser)
+    assert toast == "approve response successful", toast
+    shot(browser, "12_rejected_toast")
     assert cluster.wait_for_run(PUBLISH, run_id, timeout=RUN_TIMEOUT) == "failed"
+    # the run's page lists the task as the provider names it, failed, and its node task upstream failed
+    browser.get(session.url(f"/dags/{PUBLISH}/runs/{quoted(run_id)}"))
+    listed = ("\napproval\nFailed\n", "\nnodes\nUpstream Failed\n")
+    wait(browser, lambda d: all(words in d.find_element(By.TAG_NAME, "body").text for words in listed))
+    assert_clean(browser, "the rejected run's page")
+    shot(browser, "13_rejected_run_approval_failed")
+
+    # the provider's words: the task named "approval" ends failed, saying who rejected the plan
+    [approve] = [t for t in cluster.task_instances(PUBLISH, run_id) if t["task_id"] == APPROVE_TASK]
+    assert (approve["state"], approve["task_display_name"]) == ("failed", "approval"), approve
+    log = cluster.task_log(PUBLISH, run_id, APPROVE_TASK, approve["try_number"])
+    assert f"plan rejected: rejected by {USER}; no node runs" in log, log[-3000:]
 
     open_view(browser, session, run_id, PUBLISH)
     states = drawn_states(browser)
     assert states == dict.fromkeys("12345", "not_run"), states
     flags = browser.find_element(By.CSS_SELECTOR, "g.node[data-node-id='5'] text.flags").text
     assert flags.startswith("not run")
-    assert "rejected" in browser.find_element(By.ID, "outcome").text
+    outcome = browser.find_element(By.ID, "outcome").text
+    assert outcome.startswith(f"failed (rejected): the plan was not approved: rejected by {USER}"), outcome
     assert_clean(browser, "the plan view of a rejected run")
     shot(browser, "11_rejected_run_nodes_not_run")
+
+
+OVERLAPS = """
+const start = [...document.querySelectorAll('p, li')].find(e => e.textContent.includes(arguments[0]));
+let box = start;
+while (box && !box.textContent.includes(arguments[1])) box = box.parentElement;
+if (!box) return null;
+const inline = [...box.querySelectorAll('code, strong, em, a')];
+const blocks = [...box.querySelectorAll('p, li, pre, h1, h2, h3, h4')];
+const r = e => e.getBoundingClientRect();
+const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+const found = [];
+for (const e of [...inline, ...blocks]) for (const b of blocks) {
+  if (e === b || b.contains(e) || e.contains(b)) continue;
+  const name = (x) => `${x.tagName} "${x.textContent.slice(0, 30)}"`;
+  if (hit(r(e), r(b))) found.push(`${name(e)} over ${name(b)}`);
+}
+return {checked: inline.length + blocks.length, overlaps: found};
+"""
+
+
+def test_the_trigger_forms_tool_list_reads_without_overlaps_at_1600_px(
+    session: Session, browser: Any
+) -> None:
+    """The Ready plan field's example and tool list on a 1600 px wide page: no element's box intersects
+    another line's, and the example calls this DAG's own tools."""
+    from selenium.webdriver.common.by import By
+
+    browser.set_window_size(1600, 1300)
+    try:
+        browser.get(session.url(f"/dags/{DAG}"))
+        wait(browser, lambda d: d.find_elements(By.XPATH, "//button[normalize-space()='Trigger']"))[0].click()
+        heading = wait(browser, lambda d: d.find_elements(By.XPATH, '//strong[text()="This DAG\'s tools"]'))[
+            0
+        ]
+        browser.execute_script("arguments[0].scrollIntoView({block: 'start'});", heading)
+        time.sleep(1.0)
+        found = browser.execute_script(OVERLAPS, "Optional. A plan to run as given", "This DAG's tools")
+        assert found is not None and found["checked"] >= 15, found  # the list was found and measured
+        assert found["overlaps"] == [], found["overlaps"]
+        example = browser.find_element(By.TAG_NAME, "body").text  # the example's nodes name their tools
+        tools = set(re.findall(r'"tool": "([a-z_]+)"', example))
+        assert tools and tools <= {
+            "analyze_correlation",
+            "query_deploys",
+            "query_error_logs",
+            "query_metrics",
+            "query_service_health",
+            "write_report",
+        }, example
+        assert "<a tool of this DAG>" not in browser.find_element(By.TAG_NAME, "body").text
+        shot(browser, "15_trigger_form_tool_list_1600px")
+    finally:
+        browser.set_window_size(1500, 1100)
+
+
+def test_a_frozen_run_triggered_without_a_logical_date_completes(session: Session, browser: Any) -> None:
+    """``POST .../dagRuns`` with ``"logical_date": null``: the frozen plan renders with the run's
+    run_after (the report covers the day before it), and the form offers only what applies."""
+    session.finished()
+    from airflow_plan_provider.contract import FINALIZE_TASK, RESULT_KEY
+
+    cluster = session.cluster
+    run_id = cluster.trigger(DAILY)
+    cluster.unpause(DAILY)
+    assert cluster.wait_for_run(DAILY, run_id, timeout=RUN_TIMEOUT) == "success", cluster.diagnostics()
+    run = cluster.get_run(DAILY, run_id)
+    assert run["logical_date"] is None
+    day_before = (datetime.fromisoformat(run["run_after"].replace("Z", "+00:00")) - timedelta(days=1)).date()
+    outputs = cluster.xcom(DAILY, run_id, FINALIZE_TASK, RESULT_KEY)["outputs"]
+    assert outputs["1"]["day"] == outputs["2"]["day"] == day_before.isoformat()
+    params = cluster.api("GET", f"/dags/{DAILY}/details")["params"]
+    assert sorted(params) == ["max_steps"]
+    open_view(browser, session, run_id, DAILY)
+    assert set(drawn_states(browser).values()) == {"success"}
+    assert_clean(browser, "the plan view of a frozen run without a logical date")
+    shot(browser, "16_frozen_run_without_logical_date")
+    # its docs: a short list, the source run named as a run of the Airflow the plan was read from
+    from selenium.webdriver.common.by import By
+
+    browser.get(session.url(f"/dags/{DAILY}"))
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "button[aria-label='Dag Docs']"))[0].click()
+    items = wait(
+        browser,
+        lambda d: [
+            e.text for e in d.find_elements(By.XPATH, "//li[starts-with(normalize-space(), 'Goal:')]/../li")
+        ],
+    )
+    assert [item.split(":", 1)[0] for item in items] == ["Goal", "Frozen from", "Revision", "Schedule"], items
+    assert "of DAG plan_and_execute, made on 20" in items[1] and "which may not be this one" in items[1], (
+        items
+    )
+    shot(browser, "16_frozen_dag_docs")
+
+
+def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(session: Session, browser: Any) -> None:
+    """Node 3 of ``e2e_phases`` waits for its slow parent 1 (Airflow says "running" or "deferred"): the view
+    draws it waiting and names the parent, then running once its own tool runs."""
+    session.finished()
+    cluster = session.cluster
+    run_id = cluster.trigger(PHASES)
+    cluster.unpause(PHASES)
+    browser.get(session.url(f"/plan-view/dags/{PHASES}/runs/{quoted(run_id)}"))
+    wait_loaded(browser, RUN_TIMEOUT)  # once planned
+    seen: list[tuple[str, str, str]] = []  # node 3's (phase, parents named, Airflow's state), as drawn
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while browser.execute_script("return document.body.dataset.finished;") != "true":
+        drawn = browser.execute_script(
+            "const g = document.querySelector(\"svg#plan-graph g.node[data-node-id='3']\");"
+            "return g && [g.dataset.phase, g.dataset.waitingFor, g.dataset.state,"
+            " g.querySelector('text.flags').textContent];"
+        )
+        if drawn and (not seen or seen[-1] != tuple(drawn[:3])):
+            seen.append(tuple(drawn[:3]))
+            if drawn[0] in ("waiting", "running") and [s[0] for s in seen].count(drawn[0]) == 1:
+                if drawn[0] == "waiting":
+                    assert drawn[3].startswith("waiting for 1"), drawn
+                shot(browser, f"17_node_3_{drawn[0]}")
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.5)
+    assert cluster.wait_for_run(PHASES, run_id, timeout=RUN_TIMEOUT) == "success"
+    phases = [phase for phase, _parents, _state in seen]
+    assert "waiting" in phases and "running" in phases, seen
+    assert phases.index("waiting") < phases.index("running"), seen
+    # waiting while Airflow called it running (in its slot) or deferred, and named its slow parent
+    waiting = [s for s in seen if s[0] == "waiting"]
+    assert all("1" in parents.split(",") for _phase, parents, _state in waiting), seen
+    assert {state for _phase, _parents, state in waiting} <= {"running", "deferred", "up_for_reschedule"}, (
+        seen
+    )
+    legend = browser.find_element("css selector", "#legend [data-phase='waiting']").text
+    assert legend.startswith("waiting: for the parents it names to finish"), legend
+
+
+def test_the_report_opens_from_the_plan_view_and_names_its_dag_and_run(
+    session: Session, browser: Any
+) -> None:
+    """Node 6 of the replan run wrote the report: its details in the Plan tab link to it, and the page
+    that opens renders the report and says which node, run and DAG wrote it."""
+    session.finished()
+    from selenium.webdriver.common.by import By
+
+    browser.switch_to.frame(open_plan_tab(browser, session, session.child))
+    try:
+        wait_loaded(browser)
+        details(browser, "6")
+        browser.find_element(By.CSS_SELECTOR, "#details a.document-link").click()
+    finally:
+        browser.switch_to.default_content()
+    wait(browser, lambda d: d.find_elements(By.ID, "document"))
+    source = browser.find_element(By.ID, "source").text
+    assert source.startswith(f"Written by node 6 of run {session.child} of DAG {DAG}"), source
+    report = browser.find_element(By.ID, "document").text
+    assert "investigation report" in browser.find_element(By.CSS_SELECTOR, "#document h1").text
+    footer = f"Written by node 6 of run {session.child} of DAG {DAG} (revision 1, try 1)."
+    assert footer in report, report[-500:]
+    assert browser.find_elements(By.CSS_SELECTOR, "#document svg")  # the chart, drawn
+    shot(browser, "18_report_opened_from_the_plan_view")
