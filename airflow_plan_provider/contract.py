@@ -333,15 +333,6 @@ def node_location(plan: ValidatedPlan, run: RunContext, node_id: str) -> tuple[s
     return task_id, node_tasks(plan, run)[task_id].index(node_id)
 
 
-def locations(plan: ValidatedPlan, run: RunContext, node_ids: Iterable[str]) -> dict[str, list[int]]:
-    """Task id → map indexes of the given nodes' task instances."""
-    found: dict[str, list[int]] = {}
-    for node_id in node_ids:
-        task_id, index = node_location(plan, run, node_id)
-        found.setdefault(task_id, []).append(index)
-    return found
-
-
 # ------------------------------------------------------------------------------------ what tasks publish
 
 

@@ -86,27 +86,6 @@ MAP_INDEX_TEMPLATE = "{{ task.instance_label }}"
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process
 
-#: Keyword arguments of earlier versions, and what replaced each (an error names it).
-REPLACED_KEYWORDS: dict[str, str] = {
-    "max_layers": "limits=Limits(max_nodes=...) (a plan's depth has no limit of its own)",
-    "max_nodes": "limits=Limits(max_nodes=...)",
-    "max_steps": "budgets=Budgets(max_steps=...)",
-    "max_replans": "budgets=Budgets(max_replans=...)",
-    "eager": "the default (every node starts when its own parents finish)",
-    "max_active_nodes": "execution=NodeExecution(max_active_nodes=...)",
-    "pool": "execution=NodeExecution(pool=...)",
-    "node_retries": "execution=NodeExecution(retries=...)",
-    "retry_delay": "execution=NodeExecution(retry_delay=...)",
-    "retry_exponential_backoff": "execution=NodeExecution(retry_exponential_backoff=...)",
-    "max_retry_delay": "execution=NodeExecution(max_retry_delay=...)",
-    "node_timeout": "execution=NodeExecution(timeout=...)",
-    "artifact_store": "artifacts=ArtifactStore(url=...)",
-    "artifact_threshold": "artifacts=ArtifactStore(threshold=...)",
-    "checkpoints": "artifacts=ArtifactStore(checkpoints=...)",
-    "approval_timeout": "approval=ApprovalPolicy(timeout=...)",
-    "approvers": "approval=ApprovalPolicy(approvers=...)",
-}
-
 
 @dataclass(frozen=True)
 class _PlanTasks:
@@ -326,7 +305,6 @@ def build_plan_dag(
     :param dag_kwargs: passed to :class:`~airflow.sdk.DAG` (``tags`` default ``["plan"]``,
         ``max_active_runs`` 16, ``catchup`` False).
     """
-    _refuse_replaced("build_plan_dag", dag_kwargs)
     tasks = _PlanTasks.check(
         planner,
         tools,
@@ -402,7 +380,6 @@ def plan_task_group(
     The other settings are those of :func:`build_plan_dag`; ``group_kwargs`` go to the
     :class:`~airflow.sdk.TaskGroup` (``tooltip``, ``ui_color``, ...).
     """
-    _refuse_replaced("plan_task_group", group_kwargs)
     tasks = _PlanTasks.check(
         planner,
         tools,
@@ -431,15 +408,6 @@ def _setting(name: str, value: Any, kind: type[Any]) -> Any:
     if not isinstance(value, kind):
         raise ValueError(f"{name} must be {kind.__name__}(...) (or None for the defaults), not {value!r}")
     return value
-
-
-def _refuse_replaced(function: str, kwargs: Mapping[str, Any]) -> None:
-    """A keyword of an earlier version is an error naming what replaced it."""
-    for name in kwargs:
-        if name in REPLACED_KEYWORDS:
-            raise TypeError(
-                f"{function}() got an unexpected keyword argument {name!r}: use {REPLACED_KEYWORDS[name]}"
-            )
 
 
 def _check_store(artifact_store: str | None) -> None:

@@ -331,10 +331,7 @@ class PlanNodeOperator(BaseOperator):
                 f"{error.errors()[0]['msg']})"
             ) from None
         if brief is None:
-            raise AirflowFailException(
-                f"node {node_id}: the planning task published no brief for it (a run planned by an earlier "
-                "version of the provider: clear its plan task to plan it again)"
-            )
+            raise AirflowFailException(f"node {node_id}: the planning task published no brief for it")
         if brief.node_id != node_id:
             raise AirflowFailException(f"node {node_id}: its brief is node {brief.node_id}'s")
         return NodeRun(ti, brief, self)

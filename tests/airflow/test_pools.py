@@ -21,7 +21,6 @@ from airflow_plan_provider.contract import (
     dag_lanes,
     lane_of,
     lane_task_id,
-    locations,
     node_location,
     node_tasks,
     select_task_id,
@@ -149,7 +148,6 @@ def test_node_tasks_put_each_pooled_node_in_its_lane_and_every_reader_locates_it
     for task_id, nodes in EXPECTED_TASKS.items():
         for index, node in enumerate(nodes):
             assert node_location(plan, state, node) == (task_id, index)
-    assert locations(plan, state, ["e", "a", "c", "f"]) == {NODES_TASK: [1], lane_task_id(API): [0, 1, 2]}
     # without lanes, every node is in ``nodes``, in run order: a parent's map index is below its child's,
     # and in a layer the node with more descendants comes first (b: e, f and g; a: e and g)
     assert node_tasks(plan, RunContext()) == {"nodes": ["b", "a", "c", "d", "e", "f", "g"]}

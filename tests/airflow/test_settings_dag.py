@@ -1,4 +1,5 @@
-"""Settings objects on the DAG: every task gets operator_args, old keywords name what replaced them."""
+"""Settings objects on the DAG: every task gets operator_args, a keyword of neither the factory nor the
+DAG (or TaskGroup) is Python's TypeError, and a setting of the wrong type names the object to use."""
 
 from __future__ import annotations
 
@@ -52,13 +53,21 @@ def test_settings_reach_the_tasks_and_operator_args_reach_every_task(tmp_path) -
     assert {t.retries for t in dag.tasks if t.task_id != NODES_TASK} == {0}
 
 
-def test_an_old_keyword_names_what_replaced_it(tmp_path) -> None:
+def test_an_unknown_keyword_or_a_setting_of_the_wrong_type_is_a_clear_error(tmp_path) -> None:
+    from airflow.sdk import DAG
+
     from airflow_plan_provider import build_plan_dag, plan_task_group
 
-    with pytest.raises(TypeError, match=r"'max_layers': use limits=Limits\(max_nodes=\.\.\.\)"):
-        build_plan_dag("old_keyword", planner=None, tools=registry(tmp_path), max_layers=3)
-    with pytest.raises(TypeError, match=r"'node_retries': use execution=NodeExecution\(retries=\.\.\.\)"):
-        plan_task_group("old", planner=None, tools=registry(tmp_path), node_retries=1)
+    # the factories pass what they do not take to the DAG or the TaskGroup, whose own error names it
+    with pytest.raises(TypeError, match=r"DAG.__init__\(\) got an unexpected keyword argument 'max_layers'"):
+        build_plan_dag("unknown_keyword", planner=None, tools=registry(tmp_path), max_layers=3)
+    with (
+        DAG("unknown_group_keyword"),
+        pytest.raises(
+            TypeError, match=r"TaskGroup.__init__\(\) got an unexpected keyword argument 'node_retries'"
+        ),
+    ):
+        plan_task_group("unknown", planner=None, tools=registry(tmp_path), node_retries=1)
     with pytest.raises(ValueError, match=r"approval must be ApprovalPolicy\(\.\.\.\)"):
         build_plan_dag("old_approval", planner=None, tools=registry(tmp_path), approval="always")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"operator_args may not set 'execution_timeout'"):
