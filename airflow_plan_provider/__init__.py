@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from airflow_plan_provider.plan.budgets import Budgets
     from airflow_plan_provider.plan.merge import PlanDiff, merge_replan, plan_diff
     from airflow_plan_provider.plan.model import Edge, Node, Plan, ValidatedPlan
-    from airflow_plan_provider.plan.problems import Problem
     from airflow_plan_provider.plan.result import SessionResult
     from airflow_plan_provider.plan.validate import Limits, validate_plan
     from airflow_plan_provider.planners.base import Planner, PlanRequest
+    from airflow_plan_provider.problems import Problem
     from airflow_plan_provider.settings import ApprovalPolicy, ArtifactStore, ControlRetries, NodeExecution
     from airflow_plan_provider.tools.common_ai import common_ai_tools
     from airflow_plan_provider.tools.http import http_tool
@@ -64,7 +64,7 @@ _EXPORTS = {
     "PlanValidationError": "airflow_plan_provider.exceptions",
     "Planner": "airflow_plan_provider.planners.base",
     "PlanningError": "airflow_plan_provider.exceptions",
-    "Problem": "airflow_plan_provider.plan.problems",
+    "Problem": "airflow_plan_provider.problems",
     "ReplanRequested": "airflow_plan_provider.exceptions",
     "SessionResult": "airflow_plan_provider.plan.result",
     "Tool": "airflow_plan_provider.tools.registry",

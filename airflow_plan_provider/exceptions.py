@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from airflow_plan_provider.plan.problems import describe
+from airflow_plan_provider.problems import describe
 
 if TYPE_CHECKING:
-    from airflow_plan_provider.plan.problems import Problem
+    from airflow_plan_provider.problems import Problem
 
 
 class PlanProviderError(Exception):
@@ -53,7 +53,7 @@ class TriggerEventError(PlanProviderError):
 class PlanValidationError(PlanProviderError):
     """A plan is invalid. ``problems`` holds every problem found, not only the first.
 
-    The message lists the first :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS`
+    The message lists the first :data:`~airflow_plan_provider.problems.MAX_REPORTED_PROBLEMS`
     problems and counts the rest, so it stays small however many problems a plan has.
     """
 

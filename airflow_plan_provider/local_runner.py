@@ -47,7 +47,6 @@ from airflow_plan_provider.plan.node_step import (
     StoredOutputError,
     TryContext,
 )
-from airflow_plan_provider.plan.problems import capped
 from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, SessionResult
 from airflow_plan_provider.plan.session import (
     LockedOutput,
@@ -63,6 +62,7 @@ from airflow_plan_provider.plan.session import (
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import Planner, plan_with_repairs, replan_request
+from airflow_plan_provider.problems import capped
 from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.tools.jobs import JobOutcome, poll_once
 from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry

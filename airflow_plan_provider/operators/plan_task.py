@@ -47,7 +47,6 @@ from airflow_plan_provider.operators.run_dates import with_run_dates
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, capped, clip, describe
 from airflow_plan_provider.plan.session import (
     PlanSource,
     SessionState,
@@ -58,6 +57,7 @@ from airflow_plan_provider.plan.session import (
     start_session,
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS, capped, clip, describe
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class PlanOperator(BaseOperator):
     task's XCom, is the session so far, from which only the affected subgraph is planned again). Any
     other conf with a session is rejected.
     An invalid plan fails this task with its problems in its log (the first
-    :data:`~airflow_plan_provider.plan.problems.MAX_REPORTED_PROBLEMS` and a count of the rest), and no
+    :data:`~airflow_plan_provider.problems.MAX_REPORTED_PROBLEMS` and a count of the rest), and no
     node runs.
 
     Safe to retry (a lost worker): no node runs before this task succeeds, so a retry may plan afresh.

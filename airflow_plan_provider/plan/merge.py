@@ -11,8 +11,8 @@ from airflow_plan_provider.exceptions import PlanValidationError
 from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.graph import node_sort_key
 from airflow_plan_provider.plan.model import Node, Plan
-from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.plan.validate import parse_plan
+from airflow_plan_provider.problems import Problem
 
 
 class PlanDiff(Model):

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_plan_provider.plan.problems import clip
+from airflow_plan_provider.problems import clip
 
 MAX_DEPTH = 100
 """Nesting of dicts and lists that :func:`iter_references` and :func:`resolve` accept (the params

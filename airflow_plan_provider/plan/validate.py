@@ -16,7 +16,6 @@ from pydantic import TypeAdapter, ValidationError
 from airflow_plan_provider.exceptions import PlanValidationError
 from airflow_plan_provider.plan.graph import topological_layers
 from airflow_plan_provider.plan.model import Edge, Node, Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.plan.references import (
     MAX_DEPTH,
     ParamsTooNested,
@@ -25,6 +24,7 @@ from airflow_plan_provider.plan.references import (
     iter_strings,
     references_in,
 )
+from airflow_plan_provider.problems import Problem
 
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.registry import Tool

@@ -15,9 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
 from airflow_plan_provider.plan.decisions import affected_subgraph
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem, capped
 from airflow_plan_provider.plan.session import SessionState, statuses_of, trigger_node
 from airflow_plan_provider.plan.validate import Limits
+from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS, Problem, capped
 from airflow_plan_provider.tools.registry import ToolRegistry
 
 

@@ -21,8 +21,8 @@ from functools import lru_cache
 from typing import Any
 
 from airflow_plan_provider.plan.model import Plan
-from airflow_plan_provider.plan.problems import capped
 from airflow_plan_provider.planners.base import PlanRequest
+from airflow_plan_provider.problems import capped
 
 Path = tuple[str, ...]  # "*" stands for every item of a list
 

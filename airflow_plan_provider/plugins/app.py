@@ -26,10 +26,8 @@ from fastapi.responses import HTMLResponse
 from airflow_plan_provider.compat import redact
 from airflow_plan_provider.plugins.data import plan_view
 from airflow_plan_provider.plugins.document import DOCUMENT_CSP, document_of, document_page
-from airflow_plan_provider.plugins.plugin import URL_ROUTE
+from airflow_plan_provider.plugins.routes import URL_PREFIX, URL_ROUTE
 from airflow_plan_provider.plugins.store import load_chain, load_node_record
-
-URL_PREFIX = "/plan-view"
 
 
 def create_app() -> FastAPI:

@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 
 from airflow.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/plan-view"  # as in .app; repeated so loading the plugin imports nothing more
-URL_ROUTE = "plan"  # the tab's path under the run page: /dags/<dag>/runs/<run>/plugin/plan
+from airflow_plan_provider.plugins.routes import URL_PREFIX, URL_ROUTE
 
 
 @cache

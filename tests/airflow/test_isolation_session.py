@@ -27,8 +27,8 @@ from airflow_plan_provider.contract import (
     SESSION_KEY,
     ReplanConf,
 )
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.plan.session import replan_run_id
+from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
 from tests.airflow.support import run_xcoms, task_states, xcom

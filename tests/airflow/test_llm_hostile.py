@@ -19,8 +19,8 @@ import pytest
 from airflow_plan_provider.contract import FINALIZE_TASK, PLAN_TASK, PLANNING_ERROR_KEY
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.hooks.llm import PlanLLMHook
-from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.planners.llm import LLMPlanner
+from airflow_plan_provider.problems import Problem
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, chat_completion
 from tests.unit.test_llm_planner import good_plan, planner_for, request, run, wire_node
 

@@ -24,8 +24,8 @@ from airflow_plan_provider.contract import (
 )
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.plan.approval import Approval
-from airflow_plan_provider.plan.problems import Problem, describe
 from airflow_plan_provider.plan.session import replan_conf, start_session
+from airflow_plan_provider.problems import Problem, describe
 
 
 def test_the_names_are_those_users_see() -> None:

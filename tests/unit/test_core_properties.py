@@ -29,7 +29,6 @@ from pydantic import BaseModel
 from airflow_plan_provider.exceptions import PlanValidationError
 from airflow_plan_provider.plan.graph import node_sort_key
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, ProblemCode
 from airflow_plan_provider.plan.references import (
     MissingInput,
     UnresolvedReference,
@@ -38,6 +37,7 @@ from airflow_plan_provider.plan.references import (
     resolve,
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS, ProblemCode
 from airflow_plan_provider.tools.registry import ToolRegistry
 
 #: untrusted inputs: each example within 2 s

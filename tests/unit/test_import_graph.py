@@ -1,6 +1,8 @@
 """The package's import graph (files as nodes, imports as edges, those inside functions too) keeps its floors.
 
-Each rule forbids edges from one set of files to another; a rule is one more line in :data:`RULES`.
+Each rule forbids edges from one set of files to another; a rule is one more line in :data:`RULES`. Every
+file stands on one of :data:`FLOORS` and imports nothing on a floor above its own, and no files import
+each other in a loop (:data:`KNOWN_CYCLES` lists the loops left).
 """
 
 from __future__ import annotations
@@ -30,8 +32,24 @@ RULES = [
     Rule("the pure core knows neither the settings nor the planners",
          ("plan/*",), ("settings.py", "planners/*")),
 ]  # fmt: skip
-#: all the pure core (``plan/``) may import of the package: itself, the tools and the exceptions
-CORE_MAY_IMPORT = ("plan/*", "tools/*", "exceptions.py")
+#: all the pure core (``plan/``) may import of the package: itself, the tools, the exceptions and the
+#: problems they carry
+CORE_MAY_IMPORT = ("plan/*", "tools/*", "exceptions.py", "problems.py")
+#: the package's files by floor, the ground first: a file imports files of its own floor or below
+FLOORS = [
+    ("exceptions.py", "problems.py", "provider_info.py", "airflow_features.py"),
+    ("compat.py",),
+    ("tools/*", "hooks/*"),
+    ("plan/*",),
+    ("contract.py", "artifacts.py", "planners/*"),
+    ("settings.py", "triggers/*", "freeze.py", "testing/*"),
+    ("operators/*", "local_runner.py"),
+    ("dag_factory.py", "cli.py"),
+    ("__init__.py", "preload.py"),
+    ("plugins/*", "celery_imports.py"),
+]  # fmt: skip
+#: the import loops left: the registry imports its catalog and sources, which name ``Tool`` in type hints
+KNOWN_CYCLES = [["tools/catalog.py", "tools/registry.py", "tools/sources.py"]]
 
 
 def module_file(module: str) -> str | None:
@@ -48,8 +66,9 @@ def module_file(module: str) -> str | None:
 
 def imported_modules(source: str, package: tuple[str, ...]) -> set[str]:
     """Every module a file of ``package`` (its dotted parts) with this source imports, anywhere in the
-    file: ``import a.b``; ``from a import b`` gives ``a`` and ``a.b`` (kept when it is a module);
-    relative imports resolved."""
+    file: ``import a.b``; ``from a import b`` gives ``a.b`` (kept when it is a module) and ``a``, unless
+    every name it takes is a module of ours (``from airflow_plan_provider import artifacts`` uses the
+    package only as the path to ``artifacts``); relative imports resolved."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -57,8 +76,10 @@ def imported_modules(source: str, package: tuple[str, ...]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             anchor = package[: len(package) - node.level + 1] if node.level else ()
             base = ".".join([*anchor, *(node.module.split(".") if node.module else [])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            found.update(names)
+            if not all(module_file(name) for name in names):
+                found.add(base)
     return found
 
 
@@ -75,6 +96,44 @@ def import_graph() -> dict[str, set[str]]:
 
 def matches(path: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch(path, pattern) for pattern in patterns)
+
+
+def floor(path: str) -> int:
+    """The floor of a package file (0 is the ground)."""
+    return next(number for number, patterns in enumerate(FLOORS) if matches(path, patterns))
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Each import of a file on a floor above the importer's."""
+    return sorted(
+        (source, target)
+        for source, targets in graph.items()
+        for target in targets
+        if floor(target) > floor(source)
+    )
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops, each as the sorted files that all reach one another."""
+    reach = {source: _reachable(graph, source) for source in graph}
+    loops = {
+        frozenset({source} | {other for other in reach[source] if source in reach[other]})
+        for source in graph
+        if source in reach[source]
+    }
+    return sorted(sorted(loop) for loop in loops)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The files ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
 
 
 def violations(graph: dict[str, set[str]], rule: Rule) -> list[tuple[str, str]]:
@@ -135,3 +194,27 @@ def test_both_hosts_run_the_one_node_step() -> None:
     graph = import_graph()
     assert "plan/node_step.py" in graph["operators/node.py"]
     assert "plan/node_step.py" in graph["local_runner.py"]
+
+
+def test_every_file_stands_on_a_floor_and_imports_nothing_above_it() -> None:
+    graph = import_graph()
+    assert [path for path in graph if not any(matches(path, patterns) for patterns in FLOORS)] == []
+    assert upward_imports(graph) == []
+
+
+def test_no_files_import_each_other_in_a_loop_but_the_known_ones() -> None:
+    assert cycles(import_graph()) == KNOWN_CYCLES
+
+
+def test_an_upward_import_and_a_loop_are_found() -> None:
+    graph = {
+        "exceptions.py": {"plan/problems.py"},
+        "plan/problems.py": set(),
+        "plugins/app.py": {"plugins/plugin.py", "contract.py"},
+        "plugins/plugin.py": {"plugins/app.py"},
+        "contract.py": {"exceptions.py"},
+    }
+    assert upward_imports(graph) == [("exceptions.py", "plan/problems.py")]
+    assert cycles(graph) == [["plugins/app.py", "plugins/plugin.py"]]
+    graph["exceptions.py"] = {"contract.py"}  # a loop across floors
+    assert cycles(graph) == [["contract.py", "exceptions.py"], ["plugins/app.py", "plugins/plugin.py"]]

@@ -16,12 +16,12 @@ import pytest
 from airflow_plan_provider.exceptions import PlanningError
 from airflow_plan_provider.hooks.llm import NO_KEY, PlanLLMHook, base_url_from
 from airflow_plan_provider.plan.model import Plan, ValidatedPlan
-from airflow_plan_provider.plan.problems import Problem
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import LockedNode, PlanningOutcome, PlanRequest, plan_with_repairs
 from airflow_plan_provider.planners.llm import LLMPlanner
 from airflow_plan_provider.planners.llm_prompt import decode_reply
 from airflow_plan_provider.planners.llm_reply import strip_fence
+from airflow_plan_provider.problems import Problem
 from airflow_plan_provider.testing.openai_server import OpenAITestServer, count_tokens
 from airflow_plan_provider.tools.registry import ToolRegistry
 

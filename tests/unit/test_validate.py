@@ -12,7 +12,6 @@ from pydantic import BaseModel
 
 from airflow_plan_provider.exceptions import PlanningError, PlanValidationError
 from airflow_plan_provider.plan.model import ValidatedPlan
-from airflow_plan_provider.plan.problems import MAX_REPORTED_PROBLEMS, Problem
 from airflow_plan_provider.plan.references import MissingInput, UnresolvedReference, resolve
 from airflow_plan_provider.plan.validate import Limits, validate_plan
 from airflow_plan_provider.planners.base import (
@@ -21,6 +20,7 @@ from airflow_plan_provider.planners.base import (
     rejected_problem_count,
     rejected_summary,
 )
+from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS, Problem
 from airflow_plan_provider.testing.scripted import ScriptedPlanner
 from airflow_plan_provider.tools.registry import ToolRegistry
 

@@ -1,4 +1,8 @@
-"""A single validation problem: a code, a message and the nodes involved."""
+"""A single validation problem: a code, a message and the nodes involved, and how lists of them are shown.
+
+The errors that carry problems (:class:`~airflow_plan_provider.exceptions.PlanValidationError`,
+:class:`~airflow_plan_provider.exceptions.PlanningError`) import this module, so it imports nothing of
+the package."""
 
 from __future__ import annotations
 
