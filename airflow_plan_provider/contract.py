@@ -462,18 +462,25 @@ def as_result(value: Any) -> SessionResult | None:
         return None
 
 
-def session_outcome(read: Callable[[str], Any]) -> SessionResult | None:
-    """The outcome of the session as one run reports it.
+def session_outcome(read: Callable[[str], Any], *later: Callable[[str], Any]) -> SessionResult | None:
+    """The outcome of a session as its runs report it: the one rule freeze, the plan view, the replan
+    task and the testing kit read it by.
 
     A run's own result is ``finalize``'s ``return_value``. When that result is ``replanned``, the run
     handed over to its next revision, and the session's outcome is the ``return_value`` of the run's
-    ``replan`` task, which reports the rest of the chain (completed, or failed and why).
+    ``replan`` task, which reports the rest of the chain (completed, or failed and why). Until that task
+    reports, the next run of the chain tells the outcome the same way, when the reader has it.
 
     :param read: ``task_id`` → that task's ``return_value`` XCom in the run (None when it has none).
-    :return: ``finalize``'s result, or, when the run replanned, its ``replan`` task's result for the
-        rest of the chain; None while the run (or the rest of its chain) has not reported yet.
+    :param later: the same for the runs after it in the session's chain, in order (those the reader has).
+    :return: the first result of the chain that is not ``replanned``, as the runs report it; None while
+        the session has not reported an outcome yet.
     """
-    result = as_result(read(FINALIZE_TASK))
-    if result is None or result.status != "replanned":
-        return result
-    return as_result(read(REPLAN_TASK))
+    for run in (read, *later):
+        result = as_result(run(FINALIZE_TASK))
+        if result is None or result.status != "replanned":
+            return result
+        chain = as_result(run(REPLAN_TASK))
+        if chain is not None:
+            return chain
+    return None

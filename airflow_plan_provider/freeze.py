@@ -29,12 +29,11 @@ from datetime import date
 from typing import Any
 
 from airflow_plan_provider.contract import (
-    FINALIZE_TASK,
     PLAN_KEY,
     PLAN_TASK,
-    REPLAN_TASK,
     RESULT_KEY,
     SESSION_KEY,
+    session_outcome,
 )
 from airflow_plan_provider.exceptions import FreezeError, PlanValidationError
 from airflow_plan_provider.plan.approval import APPROVAL_MODES, is_sensitive_key
@@ -242,23 +241,15 @@ class SessionApi:
         if not isinstance(state, Mapping):
             raise FreezeError(f"run {run_id!r} of DAG {dag_id!r} has no plan session (no XCom session)")
         root = str(state.get("root_run_id") or run_id)
-        result = None
-        for task_id in (REPLAN_TASK, FINALIZE_TASK):  # a session that replanned reports through replan
-            value = self.xcom(dag_id, root, task_id, RESULT_KEY)
-            reported = isinstance(value, Mapping) and "status" in value
-            if reported and (task_id == FINALIZE_TASK or value.get("run_ids")):
-                result = value
-                break
+        result = session_outcome(lambda task_id: self.xcom(dag_id, root, task_id, RESULT_KEY))
         if result is None:
             raise FreezeError(f"session {root!r} of DAG {dag_id!r} has no result (is it still running?)")
-        if result.get("status") == "replanned":  # the root run handed over and its chain goes on
-            raise FreezeError(f"session {root!r} of DAG {dag_id!r} has not finished (it replanned)")
-        if result.get("status") != "completed":
+        if result.status != "completed":
             raise FreezeError(
-                f"session {root!r} of DAG {dag_id!r} ended {result.get('status')} "
-                f"({result.get('reason')}): only a completed session's plan can be frozen"
+                f"session {root!r} of DAG {dag_id!r} ended {result.status} ({result.reason}): only a "
+                "completed session's plan can be frozen"
             )
-        last = str((result.get("run_ids") or [root])[-1])
+        last = str((result.run_ids or [root])[-1])
         plan = self.xcom(dag_id, last, PLAN_TASK, PLAN_KEY)
         last_state = self.xcom(dag_id, last, PLAN_TASK, SESSION_KEY) or {}
         if not isinstance(plan, Mapping):
@@ -270,14 +261,13 @@ class SessionApi:
                 f"the plan of run {last!r} is not a plan: {str(error).splitlines()[0]}"
             ) from None
         revision = last_state.get("revision") if isinstance(last_state, Mapping) else None
-        replans = (result.get("usage") or {}).get("replans")
-        kept, dropped = drop_answered(frozen, replan_requests(result))
+        kept, dropped = drop_answered(frozen, replan_requests(result.model_dump(mode="json")))
         return FrozenSource(
             plan=kept,
             dropped=tuple(n for n in frozen["nodes"] if str(n["id"]) in dropped),
             origin=f"DAG {dag_id}, session run {root}",
             revision=revision,
-            replans=replans,
+            replans=result.usage.replans,
             final_run=last if last != root else None,
             dag_id=dag_id,
             run_id=root,

@@ -35,7 +35,9 @@ from airflow_plan_provider.contract import (
     SESSION_KEY,
     TOOLS_KEY,
     node_location,
+    session_outcome,
 )
+from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.phases import node_phase
@@ -117,7 +119,7 @@ def root_of(run: RunData) -> tuple[str, int]:
     root = session.get("root_run_id") or run.run_id
     budgets = session.get("budgets") or {}
     max_replans = budgets.get("max_replans") if isinstance(budgets, dict) else None
-    count = max_replans if isinstance(max_replans, int) and max_replans >= 0 else 3
+    count = max_replans if isinstance(max_replans, int) and max_replans >= 0 else Budgets().max_replans
     return str(root), min(count, MAX_CHAIN)
 
 
@@ -223,15 +225,9 @@ def _goal_of(chain: Sequence[RunData]) -> str:
 
 
 def _outcome(chain: Sequence[RunData]) -> dict[str, Any] | None:
-    """The session's outcome: the root's replan task reports the chain's; else the last finalize."""
-    root_replan = chain[0].xcom(REPLAN_TASK, RESULT_KEY)
-    if isinstance(root_replan, dict) and root_replan.get("status"):
-        return _result_summary(root_replan)
-    for run in reversed(chain):
-        result = run.xcom(FINALIZE_TASK, RESULT_KEY)
-        if isinstance(result, dict) and result.get("status") and not run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY):
-            return _result_summary(result)
-    return None
+    """The session's outcome (:func:`~airflow_plan_provider.contract.session_outcome`), summarized."""
+    result = session_outcome(*(lambda task_id, run=run: run.xcom(task_id, RESULT_KEY) for run in chain))
+    return None if result is None else _result_summary(result.model_dump(mode="json"))
 
 
 def _result_summary(result: Mapping[str, Any]) -> dict[str, Any]:

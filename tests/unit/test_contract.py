@@ -161,6 +161,24 @@ def test_a_run_reports_its_own_result_or_its_chains(
     assert (outcome.status if outcome else None) == expected
 
 
+def test_a_chain_whose_root_has_not_reported_yet_reports_through_its_later_runs() -> None:
+    root, child, grandchild = (
+        {FINALIZE_TASK: REPLANNED},
+        {FINALIZE_TASK: REPLANNED},
+        {FINALIZE_TASK: result("completed")},
+    )
+    assert session_outcome(root.get) is None  # the root alone: its replan task has not reported
+    assert session_outcome(root.get, child.get) is None  # the chain goes on past the runs read
+    outcome = session_outcome(root.get, child.get, grandchild.get)
+    assert outcome is not None and outcome.status == "completed"
+    child[REPLAN_TASK] = result("failed")  # the child's replan task reported the rest of the chain
+    outcome = session_outcome(root.get, child.get, grandchild.get)
+    assert outcome is not None and outcome.status == "failed"
+    root[REPLAN_TASK] = result("completed")  # the root's report is the session's, once it is there
+    outcome = session_outcome(root.get, child.get, grandchild.get)
+    assert outcome is not None and outcome.status == "completed"
+
+
 def wide_plan(layers: int, width: int = 5) -> dict[str, Any]:
     """``layers`` layers of ``width`` nodes; each node after the first layer has the node above it as a
     hard parent and the next one of that layer as an optional parent, and passes the first one's output."""
