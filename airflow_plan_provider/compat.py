@@ -20,6 +20,14 @@ Private Airflow names, and why: this module is the only place that imports them.
   with no record to read. While active, the in-process supervisor answers those two as the triggerer
   does, through the same Execution API client calls. Guarded: without that class it does nothing (a
   ``dag.test()`` without it has no inline trigger supervisor to complete).
+- ``airflow.sdk.execution_time.task_runner.SUPERVISOR_COMMS`` and
+  ``airflow.sdk.execution_time.comms.SetRenderedMapIndex`` (:func:`send_rendered_map_index`): a node
+  tells Airflow its label (``id · action``) while it runs, before its final state, which is the only
+  message that carries it otherwise. Guarded: without either name it sends nothing and returns False
+  (the label then comes with the final state).
+- ``airflow.sdk.execution_time.lazy_sequence.LazyXComSequence`` (:func:`first_mapped_xcoms`): the XComs
+  of a mapped task's first instances in one request, as Airflow reads a mapped task's return values.
+  Guarded: without it, one ``xcom_pull`` per map index.
 """
 
 from __future__ import annotations
@@ -52,6 +60,40 @@ def mask_secret(secret: str, name: str | None = None) -> None:
     from airflow.sdk.log import mask_secret as airflow_mask_secret
 
     airflow_mask_secret(secret, name)
+
+
+# ------------------------------------------------------------------------------------- a running task
+
+
+def send_rendered_map_index(label: str) -> bool:
+    """Send the running task instance's rendered map index (its label in the grid) to Airflow now,
+    rather than with its final state. Call it from the thread that runs the task: that thread owns the
+    task's channel to its supervisor.
+
+    :return: whether it was sent; False where this Airflow has no such message or the process no
+        supervisor channel (the label then comes with the final state).
+    """
+    try:
+        from airflow.sdk.execution_time.comms import SetRenderedMapIndex
+        from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+    except ImportError:  # no such message, or no channel (set only in a task's process)
+        return False
+    SUPERVISOR_COMMS.send(SetRenderedMapIndex(rendered_map_index=label))
+    return True
+
+
+def first_mapped_xcoms(ti: Any, task_id: str, key: str, stop: int) -> list[Any]:
+    """``key`` XComs of mapped task ``task_id`` in ``ti``'s run, by map index: where Airflow reads a
+    mapped task's values lazily, the first ``stop`` values pushed, in one request; else the values of
+    map indexes 0 to ``stop - 1``, one ``xcom_pull`` each (None for an instance that pushed none). Either
+    way every value of those indexes that was pushed is in the list."""
+    try:
+        from airflow.sdk.definitions.xcom_arg import PlainXComArg
+        from airflow.sdk.execution_time.lazy_sequence import LazyXComSequence
+    except ImportError:
+        return [ti.xcom_pull(task_ids=task_id, key=key, map_indexes=index) for index in range(stop)]
+    source = PlainXComArg(ti.task.dag.get_task(task_id), key=key)
+    return list(LazyXComSequence(xcom_arg=source, ti=ti)[:stop])
 
 
 # ------------------------------------------------------------------------------------- dag.test() internals

@@ -148,8 +148,6 @@ def _pull_record(ti: Any, task_id: str, index: int) -> Any:
 
 def _pull_records(ti: Any, task_id: str, stop: int) -> list[Any]:
     """The first ``stop`` node records of ``task_id`` in this run (by map index), in one request."""
-    from airflow.sdk.definitions.xcom_arg import PlainXComArg
-    from airflow.sdk.execution_time.lazy_sequence import LazyXComSequence
+    from airflow_plan_provider.compat import first_mapped_xcoms
 
-    source = PlainXComArg(ti.task.dag.get_task(task_id_in(ti, task_id)), key=NODE_KEY)
-    return list(LazyXComSequence(xcom_arg=source, ti=ti)[:stop])
+    return first_mapped_xcoms(ti, task_id_in(ti, task_id), NODE_KEY, stop)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,10 +54,12 @@ if TYPE_CHECKING:
 
     from airflow_plan_provider.plan.waiting import WaitingPolicy
 
-#: Seconds a node instance runs before it sends Airflow its label (``id · action``) for the grid. A node
-#: that ends sooner has its label set with its final state, one execution-API request fewer (a task that
-#: lasts less than the grid's few seconds between refreshes is seldom seen running anyway); one that
-#: defers, makes way or waits for a retry sends it as it stops, since those states do not carry it.
+#: Seconds a node instance runs before it sends Airflow its label (``id · action``) for the grid, at the
+#: first point its own thread passes after that: in its wait for its parents, or as it calls its tool. A
+#: node that ends sooner, or calls its tool sooner, has its label set with its final state, one
+#: execution-API request fewer (a task that lasts less than the grid's few seconds between refreshes is
+#: seldom seen running anyway); one that defers, makes way or waits for a retry sends it as it stops,
+#: since those states do not carry it.
 LABEL_AFTER = 2.0
 
 # The waiting policy and its reads, the triggers' payload checks and the asynchronous jobs' helpers are
@@ -177,6 +179,7 @@ class _OperatorHost:
         return shown
 
     def call(self, tool: Tool, params: Any, ctx: ToolContext) -> Any:
+        self.run.operator.send_label_when_due()  # the tool may run long: the last point before it
         with span("plan.node", node_id=ctx.node_id, tool=tool.name, revision=ctx.revision):
             return tool.call(params, ctx)
 
@@ -210,8 +213,9 @@ class PlanNodeOperator(BaseOperator):
     the brief itself, or in a node task of more than 32 instances the node's label (``id · action``),
     and the node then reads its brief from its group, the one XCom it reads to start
     (:func:`~airflow_plan_provider.contract.mapped_values`). Either way the instance's label in the grid
-    is ``id · action`` (:attr:`instance_label`): sent to Airflow once the instance has run for
-    :data:`LABEL_AFTER` seconds or stops to wait, and otherwise with its final state.
+    is ``id · action`` (:attr:`instance_label`): sent to Airflow from the task's own thread once the
+    instance has run for :data:`LABEL_AFTER` seconds (in its wait for its parents, or as it calls its
+    tool) or as it stops to wait, and otherwise with its final state.
 
     Starts when its own parents have finished (no layer barrier): while they run it waits in its slot,
     then on the triggerer, and it gives its slot back to a parent that needs one (see
@@ -261,6 +265,7 @@ class PlanNodeOperator(BaseOperator):
         self.resolved_params: Any = None
         self._label = ""  # this instance's label, known once it starts (see instance_label)
         self._label_sent = False
+        self._label_due = float("inf")  # time.monotonic() at which the label is sent, once it starts
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -283,14 +288,12 @@ class PlanNodeOperator(BaseOperator):
 
     @contextmanager
     def _labelled_when_seen(self) -> Iterator[None]:
-        """Around what the instance does in its process: send its label once it has run for
-        :data:`LABEL_AFTER` seconds (from a timer thread: Airflow's channel to the supervisor takes one
-        message at a time), or when it stops to wait (deferred, rescheduled, up for retry: states whose
-        message carries no label). A node that succeeds, skips or fails before that has the label set
-        with its final state."""
-        timer = threading.Timer(LABEL_AFTER, self._send_label)
-        timer.daemon = True
-        timer.start()
+        """Around what the instance does in its process: its label falls due :data:`LABEL_AFTER` seconds
+        from now (sent by :meth:`send_label_when_due` and :meth:`sleep_sending_label`), and is sent when
+        the instance stops to wait (deferred, rescheduled, up for retry: states whose message carries no
+        label). A node that succeeds, skips or fails has the label set with its final state. Every send
+        happens on this thread, the one that owns the task's channel to its supervisor."""
+        self._label_due = time.monotonic() + LABEL_AFTER
         try:
             yield
         except (AirflowSkipException, AirflowFailException):
@@ -298,8 +301,22 @@ class PlanNodeOperator(BaseOperator):
         except BaseException:
             self._send_label()
             raise
-        finally:
-            timer.cancel()
+
+    def send_label_when_due(self) -> None:
+        """Send this instance's label if it has run :data:`LABEL_AFTER` seconds."""
+        if time.monotonic() >= self._label_due:
+            self._send_label()
+
+    def sleep_sending_label(self, seconds: float) -> None:
+        """``time.sleep(seconds)``, sending the label on the way if it falls due meanwhile: how the node
+        pauses while it waits in its slot."""
+        if not self._label_sent:
+            due_in = self._label_due - time.monotonic()
+            if due_in < seconds:
+                time.sleep(max(due_in, 0.0))
+                self._send_label()
+                seconds -= max(due_in, 0.0)
+        time.sleep(seconds)
 
     def _send_label(self) -> None:
         """Send this instance's label to Airflow, once. Never raises: at worst the grid shows the map
@@ -307,13 +324,15 @@ class PlanNodeOperator(BaseOperator):
         if self._label_sent or not self._label:
             return
         self._label_sent = True
-        try:
-            from airflow.sdk.execution_time.comms import SetRenderedMapIndex
-            from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+        from airflow_plan_provider.compat import send_rendered_map_index
 
-            SUPERVISOR_COMMS.send(SetRenderedMapIndex(rendered_map_index=self._label))
+        try:
+            sent = send_rendered_map_index(self._label)
         except Exception as error:
-            self.log.debug("the node's label was not sent (%s); it comes with the final state", error)
+            sent = False
+            self.log.debug("the node's label was not sent (%s)", error)
+        if not sent:
+            self.log.debug("the node's label comes with its final state")
 
     def _start(self, context: Context) -> NodeRun:
         ti = context["ti"]
@@ -393,6 +412,7 @@ class PlanNodeOperator(BaseOperator):
             policy=self._policy(),
             log=self.log,
             pick_up=lambda node_ids: self._checkpoints_of_this_run(run, node_ids),
+            sleep=self.sleep_sending_label,
             checkpoints=self.checkpoints,
             made_way=int(context.get("task_reschedule_count") or 0),
             task_cap=self.max_active_tis_per_dagrun,

@@ -42,6 +42,7 @@ class SlotWait:
     :param checkpoint_keys: each parent → the key of its checkpoint, for the trigger to look for them
         while the node is deferred (empty when the DAG keeps no checkpoints).
     :param artifact_store: the store the checkpoints are in (None: the default store).
+    :param sleep: how the node pauses (``time.sleep``, or the node's own, which sends its label when due).
     """
 
     ti: Any
@@ -55,6 +56,7 @@ class SlotWait:
     task_cap: int | None = None
     checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
     artifact_store: str | None = None
+    sleep: Callable[[float], None] = time.sleep
     picked: dict[str, NodeRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -153,7 +155,7 @@ class SlotWait:
                     )
                 if move.kind is not Wait.WAIT:
                     return move
-                time.sleep(move.after)
+                self.sleep(move.after)
                 continue
             if failures:
                 self.log.info(
@@ -185,7 +187,7 @@ class SlotWait:
             left = until - time.monotonic()
             if left <= 0:
                 return False
-            time.sleep(min(self.policy.checkpoint_poll, left) if watch else left)
+            self.sleep(min(self.policy.checkpoint_poll, left) if watch else left)
 
     def _picked_up(self, parents: Iterable[str]) -> bool:
         """Pick up the checkpoints of those of ``parents`` not picked up yet (:attr:`picked`); True once

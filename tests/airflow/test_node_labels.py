@@ -109,41 +109,108 @@ def test_a_node_reads_its_brief_and_not_the_plan(tmp_path: Path, monkeypatch, wi
     assert sorted(rest) == sorted(f"n{i} · next" for i in range(width - 1))
 
 
-def test_a_node_sends_its_label_while_it_runs_only_once_it_has_run_a_while(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("label_after", [0.5, 0.0], ids=["quick nodes", "every node late"])
+def test_a_node_sends_its_label_from_its_own_thread_once_it_has_run_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label_after: float
 ) -> None:
-    """A node that ends within ``LABEL_AFTER`` seconds has its label set with its final state (one
-    execution-API request fewer); one that runs longer has it in Airflow's records while it still runs.
-    Each tool looks at its own instance's label in the metadata database as it ends."""
+    """A node whose tool is called within ``LABEL_AFTER`` seconds has its label set with its final state
+    (one execution-API request fewer), unless it stops to wait (here: up for retry), which sends it;
+    one that has run that long by its tool call sends it then, so its tool runs labelled. Each tool
+    looks at its own instance's label in the metadata database as it ends; every label sent while a
+    node runs is sent from the thread that runs it."""
+    import threading
     import time
 
+    from airflow_plan_provider import compat
     from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.exceptions import TransientToolError
     from airflow_plan_provider.operators import node as node_operator
 
-    monkeypatch.setattr(node_operator, "LABEL_AFTER", 0.5)
-    dag_id = "node_labels_late"
-    seen: dict[str, str | None] = {}  # node → its instance's label in the database as its tool ended
+    monkeypatch.setattr(node_operator, "LABEL_AFTER", label_after)
+    node_threads: set[int] = set()
+    sent: list[tuple[str, int]] = []  # (label, thread) of every label sent while a node ran
+    execute, send = node_operator.PlanNodeOperator.execute, compat.send_rendered_map_index
+
+    def executed(self: Any, context: Any) -> Any:
+        node_threads.add(threading.get_ident())
+        return execute(self, context)
+
+    def sent_from(label: str) -> bool:
+        sent.append((label, threading.get_ident()))
+        return send(label)
+
+    monkeypatch.setattr(node_operator.PlanNodeOperator, "execute", executed)
+    monkeypatch.setattr(compat, "send_rendered_map_index", sent_from)
+    dag_id = f"node_labels_late_{int(label_after * 10)}"
+    seen: dict[tuple[str, int], str | None] = {}  # (node, try) → its instance's label as its tool ended
     registry = ToolRegistry()
 
     @registry.tool(description="sleep, then look at this instance's label in the metadata database")
-    def nap(seconds: float, *, ctx: ToolContext) -> float:
+    def nap(seconds: float, fail_first: bool = False, *, ctx: ToolContext) -> float:
         time.sleep(seconds)
         (ti,) = [
             ti
             for ti in _task_instances(dag_id, ctx.run_id)
             if ti.task_id == NODES_TASK and str(ti.rendered_map_index or "").startswith(ctx.node_id)
         ] or [None]
-        seen[ctx.node_id] = None if ti is None else ti.rendered_map_index
+        seen[ctx.node_id, ctx.attempt] = None if ti is None else ti.rendered_map_index
+        if fail_first and ctx.attempt == 1:
+            raise TransientToolError("first try")
         return seconds
 
     plan = {
         "nodes": [
             {"id": "quick", "action": "nap briefly", "tool": "nap", "params": {"seconds": 0.0}},
-            {"id": "long", "action": "nap a while", "tool": "nap", "params": {"seconds": 2.0}},
+            {"id": "long", "action": "nap a while", "tool": "nap", "params": {"seconds": 1.0}},
+            {
+                "id": "again",
+                "action": "nap twice",
+                "tool": "nap",
+                "params": {"seconds": 0.0, "fail_first": True},
+            },
         ]
     }
-    run = run_plan_dag(build_plan_dag(dag_id, planner=None, tools=registry), {"goal": "labels", "plan": plan})
+    execution = NodeExecution(retries=1, retry_delay=timedelta(0))
+    dag = build_plan_dag(dag_id, planner=None, tools=registry, execution=execution)
+    run = run_plan_dag(dag, {"goal": "labels", "plan": plan})
     assert str(run.state) == "success"
-    assert seen == {"quick": None, "long": "long · nap a while"}
+    labels = {"quick": "quick · nap briefly", "long": "long · nap a while", "again": "again · nap twice"}
+    tries = [("quick", 1), ("long", 1), ("again", 1), ("again", 2)]
+    if label_after:  # each tool was called at once: only the retried node's first try sent its label
+        assert seen == dict.fromkeys(tries)  # a new try starts unlabelled; its final state labels it
+        assert [label for label, _thread in sent] == [labels["again"]]
+    else:  # every node had run long enough by its tool call: each try sent its label before it
+        assert seen == {(node, attempt): labels[node] for node, attempt in tries}
+        assert sorted(label for label, _thread in sent) == sorted(labels[node] for node, _try in tries)
+    assert {thread for _label, thread in sent} <= node_threads
     shown = {ti.rendered_map_index for ti in _task_instances(dag_id, run.run_id) if ti.task_id == NODES_TASK}
-    assert shown == {"quick · nap briefly", "long · nap a while"}  # both, once they ended
+    assert shown == set(labels.values())  # every label, once its node ended
+
+
+def test_a_node_waiting_in_its_slot_sends_its_label_when_it_falls_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pauses of a node's wait for its parents (:class:`~.node_wait.SlotWait` sleeps through the
+    node) send its label once, at the time it falls due, and sleep as long as asked all the same."""
+    import time
+
+    from airflow_plan_provider import compat
+    from airflow_plan_provider.operators import node as node_operator
+
+    monkeypatch.setattr(node_operator, "LABEL_AFTER", 0.2)
+    sent: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        compat, "send_rendered_map_index", lambda label: bool(sent.append((label, time.monotonic())))
+    )
+    operator = node_operator.PlanNodeOperator(task_id="nodes", plan_node={})
+    operator._label = "a · wait"
+    with operator._labelled_when_seen():
+        began = time.monotonic()
+        operator.sleep_sending_label(0.1)
+        assert sent == []  # not due yet
+        operator.sleep_sending_label(0.3)
+        slept = time.monotonic() - began
+        operator.sleep_sending_label(0.01)
+    assert [label for label, _at in sent] == ["a · wait"]  # once
+    assert 0.18 <= sent[0][1] - began < 0.3  # when it fell due, in the middle of the second pause
+    assert slept >= 0.4
