@@ -266,6 +266,7 @@ class PlanNodeOperator(BaseOperator):
         self._label = ""  # this instance's label, known once it starts (see instance_label)
         self._label_sent = False
         self._label_due = float("inf")  # time.monotonic() at which the label is sent, once it starts
+        self._job: JobWait | None = None  # an asynchronous tool's job started by this try, until it defers
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -471,6 +472,7 @@ class PlanNodeOperator(BaseOperator):
         worker slot; what the step knows of the try is kept in XCom ``polling`` until it resumes."""
         tool = job.tool
         assert tool is not None and tool.poll is not None
+        self._job = job  # a kill from here on cancels it (on_kill; on the triggerer, the trigger's)
         # visible while the node waits, and read back when it resumes (same try, so the XCom stays)
         run.ti.xcom_push(key=POLLING_KEY, value=job.saved())
         self.log.info(
@@ -490,10 +492,27 @@ class PlanNodeOperator(BaseOperator):
                 poll_interval=tool.poll_interval,
                 deadline=job.deadline(),
                 node_id=run.node.id,
+                cancel_path=callable_path(tool.cancel) if tool.cancel else None,
             ),
             method_name="resume_after_job",
             timeout=timedelta(seconds=timeout) if timeout else None,
         )
+
+    def on_kill(self) -> None:
+        """The task is killed (marked failed, cleared, or out of time) while it runs: cancel the job its
+        try started, when its tool can (:func:`~airflow_plan_provider.tools.jobs.cancel_job`). A job
+        the task waits for deferred is cancelled by its trigger (:meth:`ToolJobTrigger.on_kill
+        <airflow_plan_provider.triggers.job.ToolJobTrigger.on_kill>`)."""
+        job, self._job = self._job, None
+        if job is None or job.tool is None or job.tool.cancel is None:
+            return
+        from airflow_plan_provider.tools.jobs import cancel_job
+
+        failed = cancel_job(job.tool.cancel, job.handle)
+        if failed:
+            self.log.warning("the job %s was not cancelled: %s", job.handle, failed)
+        else:
+            self.log.info("the job %s was cancelled", job.handle)
 
     def resume_after_job(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
         """Resumed by :class:`~airflow_plan_provider.triggers.job.ToolJobTrigger`: record the job's result,

@@ -2,7 +2,9 @@
 
 An asynchronous tool's function starts the job and returns a JSON-serialisable handle; its ``poll``
 function (a module-level function, so the triggerer can import it) takes the handle and returns a
-:class:`JobStatus`. The node waits on Airflow's triggerer, holding no worker slot::
+:class:`JobStatus`. The node waits on Airflow's triggerer, holding no worker slot. Its optional
+``cancel`` function (module-level too) takes the handle and stops the job: it is called when the
+node's task is killed while the job runs (:func:`cancel_job`)::
 
     def poll_export(handle: dict) -> JobStatus:
         state = client.status(handle["job_id"])
@@ -10,7 +12,10 @@ function (a module-level function, so the triggerer can import it) takes the han
             return JobStatus.pending()
         return JobStatus.done(client.result(handle["job_id"])) if state == "ok" else JobStatus.failed(state)
 
-    @registry.tool(poll=poll_export, poll_interval=10, timeout=3600)
+    def cancel_export(handle: dict) -> None:
+        client.cancel(handle["job_id"])
+
+    @registry.tool(poll=poll_export, cancel=cancel_export, poll_interval=10, timeout=3600)
     def export_table(table: str, *, ctx) -> dict:
         return {"job_id": client.submit(table, idempotency_key=ctx.idempotency_key)}
 """
@@ -90,6 +95,22 @@ def poll_once(poll: Callable[[Any], Any], handle: Any, deadline: float | None) -
         return JobOutcome("failed", reason=status.reason or "the job failed")
     if deadline is not None and time.time() >= deadline:
         return JobOutcome("timeout", reason="the job did not finish before its timeout")
+    return None
+
+
+def cancel_job(cancel: Callable[[Any], Any], handle: Any) -> str | None:
+    """Stop a job with its tool's ``cancel`` function: None once it returned, else why it could not
+    (a cancel that raises is reported, never raised: the task it runs for is being killed anyway).
+
+    >>> cancel_job(lambda handle: None, "job-1") is None
+    True
+    >>> cancel_job(lambda handle: 1 / 0, "job-1")
+    'cancel raised ZeroDivisionError: division by zero'
+    """
+    try:
+        cancel(handle)
+    except Exception as error:
+        return f"cancel raised {type(error).__name__}: {error}"
     return None
 
 

@@ -133,6 +133,9 @@ class Tool:
     :param pool_slots: how many of the pool's slots one node takes.
     :param needs_approval: a risky tool: a plan DAG asks a human before a node calling it runs.
     :param origin: where the tool comes from (default: a Python function).
+    :param cancel: for an asynchronous tool, the module-level function that takes the job's handle and
+        stops the job: called when the node's task is killed (marked failed or cleared) while its job
+        runs (:func:`~airflow_plan_provider.tools.jobs.cancel_job`).
     """
 
     name: str
@@ -146,6 +149,7 @@ class Tool:
     pool_slots: int = 1
     needs_approval: bool = False  # risky: a plan DAG asks a human before a node calling it runs
     origin: ToolOrigin = field(default_factory=ToolOrigin)
+    cancel: Callable[[Any], Any] | None = field(default=None, repr=False)  # stops an asynchronous job
     wants_ctx: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -161,6 +165,12 @@ class Tool:
             )
         if self.pool is None and self.pool_slots != 1:
             raise ValueError(f"tool {self.name!r}: pool_slots needs a pool")
+        if self.cancel is not None:
+            if self.poll is None:
+                raise ValueError(f"tool {self.name!r}: cancel stops a job, so it needs poll")
+            from airflow_plan_provider.tools.jobs import callable_path
+
+            callable_path(self.cancel)  # the triggerer imports it: a module-level function
 
     @property
     def is_async(self) -> bool:
@@ -326,6 +336,7 @@ class ToolRegistry(Mapping[str, Tool]):
         args: type[BaseModel] | Mapping[str, Any] | None = ...,
         poll: Callable[..., Any] | None = ...,
         poll_interval: float = ...,
+        cancel: Callable[[Any], Any] | None = ...,
         timeout: float | None = ...,
         pool: str | None = ...,
         pool_slots: int = ...,
@@ -342,6 +353,7 @@ class ToolRegistry(Mapping[str, Tool]):
         args: type[BaseModel] | Mapping[str, Any] | None = ...,
         poll: Callable[..., Any] | None = ...,
         poll_interval: float = ...,
+        cancel: Callable[[Any], Any] | None = ...,
         timeout: float | None = ...,
         pool: str | None = ...,
         pool_slots: int = ...,
@@ -357,6 +369,7 @@ class ToolRegistry(Mapping[str, Tool]):
         args: type[BaseModel] | Mapping[str, Any] | None = None,
         poll: Callable[..., Any] | None = None,
         poll_interval: float = 5.0,
+        cancel: Callable[[Any], Any] | None = None,
         timeout: float | None = None,
         pool: str | None = None,
         pool_slots: int = 1,
@@ -376,6 +389,7 @@ class ToolRegistry(Mapping[str, Tool]):
             function's signature.
         :param poll: makes the tool asynchronous: see :class:`Tool`.
         :param poll_interval: seconds between two polls of an asynchronous tool's job.
+        :param cancel: stops an asynchronous tool's job when its node's task is killed: see :class:`Tool`.
         :param timeout: seconds an asynchronous job may take.
         :param pool: an Airflow pool for the nodes calling the tool.
         :param pool_slots: the pool slots one node takes.
@@ -391,6 +405,7 @@ class ToolRegistry(Mapping[str, Tool]):
                     args_schema=args_schema_of(args) if args is not None else schema_from_signature(fn),
                     poll=poll,
                     poll_interval=poll_interval,
+                    cancel=cancel,
                     timeout=timeout,
                     pool=pool,
                     pool_slots=pool_slots,

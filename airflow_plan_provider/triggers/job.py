@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_plan_provider.tools.jobs import JobOutcome, import_callable, poll_once
+from airflow_plan_provider.tools.jobs import JobOutcome, cancel_job, import_callable, poll_once
 
 
 class ToolJobTrigger(BaseTrigger):
@@ -25,6 +25,8 @@ class ToolJobTrigger(BaseTrigger):
         for no limit. An epoch, not a ``time.monotonic()`` reading, because the deadline is set in the
         worker and read on the triggerer, another process and possibly another machine.
     :param node_id: the plan node the job belongs to (shown in the triggerer's log).
+    :param cancel_path: dotted path of the tool's cancel function, or ``None`` when it has none: called
+        with the handle (in a thread) when a user kills the waiting task (:meth:`on_kill`).
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class ToolJobTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         deadline: float | None = None,
         node_id: str = "",
+        cancel_path: str | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.poll_path = poll_path
@@ -42,6 +45,7 @@ class ToolJobTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.node_id = node_id
+        self.cancel_path = cancel_path
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -52,6 +56,7 @@ class ToolJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "node_id": self.node_id,
+                "cancel_path": self.cancel_path,
             },
         )
 
@@ -65,3 +70,15 @@ class ToolJobTrigger(BaseTrigger):
         while (outcome := await asyncio.to_thread(poll_once, poll, self.handle, self.deadline)) is None:
             await asyncio.sleep(self.poll_interval)
         return outcome
+
+    async def on_kill(self) -> None:
+        """A user killed the waiting task (marked it failed or cleared it): cancel the job, when its tool
+        can. Not on a triggerer's restart or a timeout, which Airflow does not report here."""
+        if self.cancel_path is None:
+            return
+        cancel = import_callable(self.cancel_path)
+        failed = await asyncio.to_thread(cancel_job, cancel, self.handle)
+        if failed:
+            self.log.warning("node %s: the job was not cancelled: %s", self.node_id, failed)
+        else:
+            self.log.info("node %s: the job was cancelled", self.node_id)

@@ -102,6 +102,7 @@ def test_job_trigger_serializes_to_what_rebuilds_it() -> None:
         poll_interval=0.5,
         deadline=1_900_000_000.0,
         node_id="n1",
+        cancel_path=f"{__name__}.poll_pending",
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.job.ToolJobTrigger"
@@ -111,6 +112,7 @@ def test_job_trigger_serializes_to_what_rebuilds_it() -> None:
         "poll_interval": 0.5,
         "deadline": 1_900_000_000.0,
         "node_id": "n1",
+        "cancel_path": f"{__name__}.poll_pending",
     }
     rebuilt = through_the_database(trigger)
     assert type(rebuilt) is ToolJobTrigger
