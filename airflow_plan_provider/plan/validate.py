@@ -6,7 +6,7 @@ import functools
 import gc
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from graphlib import CycleError
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -335,6 +335,8 @@ def _param_problems(node: Node, tool: Tool) -> list[Problem]:
     return problems
 
 
+#: what :func:`_scan_params` finds in params too small to hold anything to find
+NOT_READ: tuple[Sequence[Reference], Sequence[Problem], bool] = ((), (), False)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -390,16 +392,58 @@ def validate_plan(
             [*problems, *_size_problems(len(parsed.nodes), len(parsed.edges), limits, unchecked=True)]
         )
     problems += _size_problems(len(parsed.nodes), len(parsed.edges), limits)
-
     counts = Counter(node.id for node in parsed.nodes)
-    for node_id, count in counts.items():
-        if count > 1:
-            problems.append(Problem("duplicate_id", f"node id {node_id!r} is used {count} times", (node_id,)))
+    problems += _duplicate_ids(counts)
     ids = set(counts)
-    parents: dict[str, set[str]] = {node_id: set() for node_id in counts}
-    soft: set[tuple[str, str]] = set()
+    parents, soft, edge_problems = _edge_parents(parsed.edges, counts)
+    problems += edge_problems
+    fast_checks: dict[str, Check | None] = {}  # each tool's compiled argument check (None: none)
+    for index, node in enumerate(parsed.nodes):
+        if len(node.action) + len(node.tool) + len(node.expected_outcome or "") > limits.max_text_chars:
+            problems += _text_problems(node, index, limits)
+        references, size_problems, nested = (
+            _scan_params(node, index, limits)
+            if _needs_reading(node.params, limits.max_param_chars)
+            else NOT_READ
+        )
+        if tools is not None:
+            problems += _tool_problems(node, index, tools, nested, fast_checks)
+        problems += size_problems
+        if references:
+            problems += _reference_parents(node, index, references, ids, parents[node.id])
+    layers, cycle_problems = _layers(parents)
+    problems += cycle_problems
+    if problems:
+        raise PlanValidationError(problems)
+    return ValidatedPlan(
+        goal=parsed.goal,
+        nodes=parsed.nodes,
+        edges=parsed.edges,
+        layers=layers,
+        parents={node_id: sorted(p) for node_id, p in parents.items()},
+        soft_edges=sorted(soft),
+    )
 
-    for index, edge in enumerate(parsed.edges):
+
+def _duplicate_ids(counts: Counter[str]) -> list[Problem]:
+    """A problem for each node id used more than once."""
+    return [
+        Problem("duplicate_id", f"node id {node_id!r} is used {count} times", (node_id,))
+        for node_id, count in counts.items()
+        if count > 1
+    ]
+
+
+def _edge_parents(
+    edges: Sequence[Edge], ids: Mapping[str, int]
+) -> tuple[dict[str, set[str]], set[tuple[str, str]], list[Problem]]:
+    """Each node's parents by the edges (``ids``: the node ids, in the plan's order), the soft edges
+    (optional, and no hard edge joins the same two nodes: a parent with a hard edge and a soft edge is
+    hard), and the edges' problems (an unknown end, a self loop)."""
+    parents: dict[str, set[str]] = {node_id: set() for node_id in ids}
+    soft: set[tuple[str, str]] = set()
+    problems: list[Problem] = []
+    for index, edge in enumerate(edges):
         source, target = edge.source, edge.target
         if source in ids and target in ids and source != target:  # the common case first
             parents[target].add(source)
@@ -420,77 +464,71 @@ def validate_plan(
             problems.append(
                 Problem("self_loop", f"node {source!r} depends on itself", (source,), f"edges[{index}]")
             )
+    soft -= {(e.source, e.target) for e in edges if not e.optional}
+    return parents, soft, problems
 
-    # A parent with a hard edge and a soft edge is hard.
-    hard = {(e.source, e.target) for e in parsed.edges if not e.optional}
-    soft -= hard
 
-    fast_checks: dict[str, Check | None] = {}
-    for index, node in enumerate(parsed.nodes):
-        if len(node.action) + len(node.tool) + len(node.expected_outcome or "") > limits.max_text_chars:
-            problems += _text_problems(node, index, limits)
-        references, size_problems, nested = (
-            _scan_params(node, index, limits)
-            if _needs_reading(node.params, limits.max_param_chars)
-            else ([], [], False)
-        )
-        if tools is not None:
-            tool = tools.get(node.tool)
-            if tool is None:
-                problems.append(
-                    Problem(
-                        "unknown_tool",
-                        f"node {node.id!r} uses unknown tool {node.tool!r}; "
-                        f"known tools: {', '.join(sorted(tools))}",
-                        (node.id,),
-                        path=f"nodes[{index}].tool",
-                    )
-                )
-            elif not nested:  # too nested params are reported alone; checking them is unbounded work
-                if node.tool not in fast_checks:
-                    fast_checks[node.tool] = _fast_check(tool.args_schema)
-                fast_check = fast_checks[node.tool]
-                if fast_check is None or not fast_check(node.params):
-                    problems += _param_problems(node, tool)
-        problems += size_problems
-        for ref in references:
-            if ref.node_id not in ids:
-                problems.append(
-                    Problem(
-                        "bad_reference",
-                        f"node {node.id!r} refers to unknown node {ref.node_id!r}",
-                        (node.id, ref.node_id),
-                        path=f"nodes[{index}].{ref.location}",
-                    )
-                )
-            elif ref.node_id == node.id:
-                problems.append(
-                    Problem(
-                        "bad_reference",
-                        f"node {node.id!r} refers to its own output",
-                        (node.id,),
-                        path=f"nodes[{index}].{ref.location}",
-                    )
-                )
-            else:
-                parents[node.id].add(ref.node_id)
+def _tool_problems(
+    node: Node, index: int, tools: Mapping[str, Tool], nested: bool, fast_checks: dict[str, Check | None]
+) -> Sequence[Problem]:
+    """The problems of a node's tool (unknown) and of its params against the tool's argument schema
+    (not checked when they nest too deeply: those are reported alone, and checking them is unbounded
+    work). ``fast_checks`` keeps each tool's compiled check across the nodes."""
+    tool = tools.get(node.tool)
+    if tool is None:
+        return [
+            Problem(
+                "unknown_tool",
+                f"node {node.id!r} uses unknown tool {node.tool!r}; known tools: {', '.join(sorted(tools))}",
+                (node.id,),
+                path=f"nodes[{index}].tool",
+            )
+        ]
+    if nested:
+        return ()
+    if node.tool not in fast_checks:
+        fast_checks[node.tool] = _fast_check(tool.args_schema)
+    fast_check = fast_checks[node.tool]
+    return _param_problems(node, tool) if fast_check is None or not fast_check(node.params) else ()
 
-    layers: list[list[str]] = []
+
+def _reference_parents(
+    node: Node, index: int, references: Sequence[Reference], ids: set[str], parents: set[str]
+) -> list[Problem]:
+    """Add the nodes ``node``'s references name to its ``parents``; a reference to an unknown node or to
+    the node itself is a problem."""
+    problems: list[Problem] = []
+    for ref in references:
+        if ref.node_id not in ids:
+            problems.append(
+                Problem(
+                    "bad_reference",
+                    f"node {node.id!r} refers to unknown node {ref.node_id!r}",
+                    (node.id, ref.node_id),
+                    path=f"nodes[{index}].{ref.location}",
+                )
+            )
+        elif ref.node_id == node.id:
+            problems.append(
+                Problem(
+                    "bad_reference",
+                    f"node {node.id!r} refers to its own output",
+                    (node.id,),
+                    path=f"nodes[{index}].{ref.location}",
+                )
+            )
+        else:
+            parents.add(ref.node_id)
+    return problems
+
+
+def _layers(parents: Mapping[str, set[str]]) -> tuple[list[list[str]], list[Problem]]:
+    """The plan's layers, or none and the problem naming a cycle."""
     try:
-        layers = topological_layers(parents)
+        return topological_layers(parents), []
     except CycleError as error:
         cycle = [str(node) for node in error.args[1]]
-        problems.append(Problem("cycle", f"plan has a cycle: {' -> '.join(cycle)}", tuple(cycle)))
-    if problems:
-        raise PlanValidationError(problems)
-    return ValidatedPlan(
-        goal=parsed.goal,
-        nodes=parsed.nodes,
-        edges=parsed.edges,
-        layers=layers,
-        parents={node_id: sorted(p) for node_id, p in parents.items()},
-        soft_edges=sorted(soft),
-    )
+        return [], [Problem("cycle", f"plan has a cycle: {' -> '.join(cycle)}", tuple(cycle))]
 
 
 def parse_plan(raw: Plan | Mapping[str, Any] | str | bytes) -> Plan:
