@@ -386,49 +386,13 @@ def render_dag_file(
     Raises :class:`FreezeError` for a bad DAG id or approval mode, a template matching no param, or a
     secret-looking param that is not a template.
     """
-    if not DAG_ID_PATTERN.match(dag_id):
-        raise FreezeError(f"--dag-id {dag_id!r} is not a valid DAG id (letters, digits, _ . -)")
-    if approval is not None and approval not in APPROVAL_MODES:
-        raise FreezeError(f"--approval must be one of {', '.join(APPROVAL_MODES)}, not {approval!r}")
-    plan = apply_templates(source.plan, templates)
-    for edge in plan.get("edges", []):
-        if edge.get("optional") is False:
-            del edge["optional"]  # the default: less to read
-    secrets = secret_params(plan)
-    if secrets:
-        raise FreezeError(
-            "the plan holds what looks like a secret; give it as a template rendered at run time "
-            f"(--param NODE.NAME='{{{{ var.value.NAME }}}}'): {'; '.join(secrets)}"
-        )
+    plan = _plan_to_write(source.plan, dag_id=dag_id, approval=approval, templates=templates)
     goal = str(plan.get("goal") or "")
-    variable = re.sub(r"\W", "_", dag_id)
-    variable = variable if variable.isidentifier() and not variable[0].isdigit() else f"dag_{variable}"
-    spec = SPEC_PATTERN.match(tools)
-    doc = _doc_header(source, goal=goal, dag_id=dag_id, schedule=schedule, start_date=start_date)
-    doc += [
-        "**Nodes** (each run validates and executes exactly these, strings rendered as Jinja per run; a",
-        "run's conf cannot replace them: a conf that gives a plan is refused):",
-        "",
-    ]
-
-    def line(node: Mapping[str, Any]) -> str:
-        return f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
-
-    doc += [line(node) for node in plan.get("nodes", [])]
-    if source.dropped:
-        doc += [
-            "",
-            "**Left out** of the source's final plan: the nodes that requested a replan in the source",
-            "session and that no node of the final plan depends on (a frozen plan is never replanned):",
-            "",
-            *(line(node) for node in source.dropped),
-        ]
     options = [("--tools", tools), ("--dag-id", dag_id), ("--schedule", schedule)]
     options += [("--start-date", start_date.isoformat()), *(("--param", str(t)) for t in templates)]
     options += [("--approval", approval)] if approval else []
-    doc += ["", "**Written by** airflow-plan freeze (see the README) with the options:", ""]
-    doc += [f"    {flag} {_doc(shlex.quote(value))}" for flag, value in options]
-    doc += ["", "To change the plan, freeze another session, or edit PLAN: each run validates it."]
+    doc = _docstring(source, plan, dag_id=dag_id, schedule=schedule, start_date=start_date, options=options)
+    spec = SPEC_PATTERN.match(tools)
     if spec and import_tools:
         imports = f"from {spec[1]} import {spec[2]} as tools\n"
         tools_arg = "tools"
@@ -440,13 +404,97 @@ def render_dag_file(
         validate_plan(plan, limits=limits)  # the structure: the caller checks tools
     except PlanValidationError as error:
         raise FreezeError(f"the plan is invalid: {error}") from None
+    names, call = _build_call(dag_id, tools_arg, goal, schedule, start_date, approval, limits)
+    variable = re.sub(r"\W", "_", dag_id)
+    variable = variable if variable.isidentifier() and not variable[0].isdigit() else f"dag_{variable}"
+    return (
+        '"""' + "\n".join(doc) + '\n"""\n\n'
+        "from __future__ import annotations\n\n"
+        "from datetime import UTC, datetime\n\n"
+        f"from airflow_plan_provider import {', '.join(names)}\n"
+        f"{imports}\n"
+        f"PLAN = {literal(plan)}\n\n"
+        f"{variable} = build_plan_dag(\n{call})\n"
+    )
+
+
+def _plan_to_write(
+    plan: Mapping[str, Any], *, dag_id: str, approval: str | None, templates: Sequence[ParamTemplate]
+) -> dict[str, Any]:
+    """The plan as the file writes it: the templates applied and default edge fields left out, once the
+    DAG id, the approval mode, the templates and the params (no secret) are checked."""
+    if not DAG_ID_PATTERN.match(dag_id):
+        raise FreezeError(f"--dag-id {dag_id!r} is not a valid DAG id (letters, digits, _ . -)")
+    if approval is not None and approval not in APPROVAL_MODES:
+        raise FreezeError(f"--approval must be one of {', '.join(APPROVAL_MODES)}, not {approval!r}")
+    written = apply_templates(plan, templates)
+    for edge in written.get("edges", []):
+        if edge.get("optional") is False:
+            del edge["optional"]  # the default: less to read
+    secrets = secret_params(written)
+    if secrets:
+        raise FreezeError(
+            "the plan holds what looks like a secret; give it as a template rendered at run time "
+            f"(--param NODE.NAME='{{{{ var.value.NAME }}}}'): {'; '.join(secrets)}"
+        )
+    return written
+
+
+def _docstring(
+    source: FrozenSource,
+    plan: Mapping[str, Any],
+    *,
+    dag_id: str,
+    schedule: str,
+    start_date: date,
+    options: Sequence[tuple[str, str]],
+) -> list[str]:
+    """The file's docstring, line by line (:func:`_doc_header`, then the nodes and those left out, and
+    the ``airflow-plan freeze`` options that wrote it)."""
+    goal = str(plan.get("goal") or "")
+    doc = _doc_header(source, goal=goal, dag_id=dag_id, schedule=schedule, start_date=start_date)
+    doc += [
+        "**Nodes** (each run validates and executes exactly these, strings rendered as Jinja per run; a",
+        "run's conf cannot replace them: a conf that gives a plan is refused):",
+        "",
+    ]
+    doc += [_node_line(node) for node in plan.get("nodes", [])]
+    if source.dropped:
+        doc += [
+            "",
+            "**Left out** of the source's final plan: the nodes that requested a replan in the source",
+            "session and that no node of the final plan depends on (a frozen plan is never replanned):",
+            "",
+            *(_node_line(node) for node in source.dropped),
+        ]
+    doc += ["", "**Written by** airflow-plan freeze (see the README) with the options:", ""]
+    doc += [f"    {flag} {_doc(shlex.quote(value))}" for flag, value in options]
+    doc += ["", "To change the plan, freeze another session, or edit PLAN: each run validates it."]
+    return doc
+
+
+def _node_line(node: Mapping[str, Any]) -> str:
+    return f"- {_doc(str(node['id']))} · {_doc(str(node.get('action', '')))} ({_doc(str(node['tool']))})"
+
+
+def _build_call(
+    dag_id: str,
+    tools_arg: str,
+    goal: str,
+    schedule: str,
+    start_date: date,
+    approval: str | None,
+    limits: Limits,
+) -> tuple[list[str], str]:
+    """The names the file imports from the provider, and the arguments of its ``build_plan_dag`` call
+    (one a line): the limits other than the defaults are written, the others left out; the description
+    (Airflow's DAG list) is cut to :data:`DESCRIPTION_CHARS`."""
     defaults = Limits()
     written = {
         f.name: getattr(limits, f.name)
         for f in fields(Limits)
         if getattr(limits, f.name) != getattr(defaults, f.name)
     }
-    limits_arg = ", ".join(f"{name}={value}" for name, value in written.items())
     arguments = [
         _string(dag_id),
         "planner=None",
@@ -460,7 +508,7 @@ def render_dag_file(
         "budgets=Budgets(max_replans=0)",
     ]
     if written:
-        arguments.append(f"limits=Limits({limits_arg})")
+        arguments.append(f"limits=Limits({', '.join(f'{name}={value}' for name, value in written.items())})")
     if approval is not None:
         arguments.append(f"approval=ApprovalPolicy({_string(approval)})")
     description = f"Frozen plan, {schedule}: {goal}"
@@ -468,19 +516,10 @@ def render_dag_file(
         description if len(description) <= DESCRIPTION_CHARS else description[: DESCRIPTION_CHARS - 1] + "…"
     )
     arguments += ['tags=["plan", "frozen"]', f"description={_string(description)}", "doc_md=__doc__"]
-    call = "".join(f"    {argument},\n" for argument in arguments)
     names = [
         *(["ApprovalPolicy"] if approval is not None else []),
         "Budgets",
         *(["Limits"] if written else []),
         "build_plan_dag",
     ]
-    return (
-        '"""' + "\n".join(doc) + '\n"""\n\n'
-        "from __future__ import annotations\n\n"
-        "from datetime import UTC, datetime\n\n"
-        f"from airflow_plan_provider import {', '.join(names)}\n"
-        f"{imports}\n"
-        f"PLAN = {literal(plan)}\n\n"
-        f"{variable} = build_plan_dag(\n{call})\n"
-    )
+    return names, "".join(f"    {argument},\n" for argument in arguments)
