@@ -165,37 +165,13 @@ class PlanOperator(BaseOperator):
         shared = artifacts.local_store_warning(self.artifact_store)
         if shared:
             self.log.warning("%s", shared)
-        if self.goal is None:
-            conf: Mapping[str, Any] = context["dag_run"].conf or {}
-            params: Mapping[str, Any] = {**(context.get("params") or {}), **conf}
-        else:  # a task group's session: the run's conf and Params are the DAG's own
-            conf, params = {}, {"goal": self.goal}
-        try:
-            state = self._session(ti, conf, params, run_id)
-        except PlanningError as error:
-            # nothing of the rejected session is kept: a fresh session reports the rejection
-            self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id), error)
-        self.parent_run_id = state.parent_run_id
-        if not self.parent_run_id:  # a session's first run has no parent run: no link for Airflow to keep
-            self.operator_extra_links = ()
+        conf, params = self._conf_and_params(context)
+        state = self._started_session(ti, conf, params, run_id)
         # what the planner sees of the conf: never the session state (outputs) or a ready plan
         planner_conf = {k: v for k, v in params.items() if k not in ("session", "plan")}
         planner_conf["goal"] = state.goal
-        try:
-            tools, listing = self._listed_tools()
-        except ToolSourceError as error:
-            if ti.try_number <= (self.retries or 0):
-                raise  # Airflow retries the task: a server restarting is back by a later try
-            self._fail(ti, state, PlanningError(f"a tool source could not be listed: {error}"))
-        dag_plan = None
-        if self.ready_plan is not None and params.get("plan"):
-            self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
-        if self.ready_plan is not None and state.current_plan is None:
-            try:
-                dag_plan = self.render_template(self.ready_plan, with_run_dates(context))
-            except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan
-                message = f"cannot render the DAG's plan: {type(error).__name__}: {error}"
-                self._fail(ti, state, PlanningError(message, reason="invalid_plan"))
+        tools, listing = self._tools_or_fail(ti, state)
+        dag_plan = self._dag_plan(ti, state, params, context)
         try:
             with span("plan.planning", dag_id=ti.dag_id, run_id=run_id, revision=state.revision):
                 source, outcome = self._plan(
@@ -209,6 +185,65 @@ class PlanOperator(BaseOperator):
                 )
         except PlanningError as error:
             self._fail(ti, state, error)
+        planned = self._recorded(ti, state, source, outcome, tools)
+        heavy = heavy_conf_warning(conf, len(outcome.plan.nodes))
+        if heavy:
+            self.log.warning("%s", heavy)
+        return self._published(ti, planned, outcome.plan, tools, listing)
+
+    def _conf_and_params(self, context: Context) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The run's conf, and the Params with the conf over them; a task group's session has neither
+        (the run's conf and Params are the DAG's own): its goal is the group's."""
+        if self.goal is not None:
+            return {}, {"goal": self.goal}
+        conf: Mapping[str, Any] = context["dag_run"].conf or {}
+        return conf, {**(context.get("params") or {}), **conf}
+
+    def _started_session(
+        self, ti: Any, conf: Mapping[str, Any], params: Mapping[str, Any], run_id: str
+    ) -> SessionState:
+        """The run's session (:meth:`_session`), or fail the try with a fresh session that reports why
+        not; the parent run's link kept when the run has one."""
+        try:
+            state = self._session(ti, conf, params, run_id)
+        except PlanningError as error:
+            # nothing of the rejected session is kept: a fresh session reports the rejection
+            self._fail(ti, start_session(goal="", dag_id=ti.dag_id, run_id=run_id), error)
+        self.parent_run_id = state.parent_run_id
+        if not self.parent_run_id:  # a session's first run has no parent run: no link for Airflow to keep
+            self.operator_extra_links = ()
+        return state
+
+    def _tools_or_fail(self, ti: Any, state: SessionState) -> tuple[ToolRegistry, ToolListing]:
+        """The DAG's tools as :meth:`_listed_tools` lists them. A source that cannot be listed fails
+        this try while Airflow has tries left (a server restarting is back by a later try), and the
+        session on the last."""
+        try:
+            return self._listed_tools()
+        except ToolSourceError as error:
+            if ti.try_number <= (self.retries or 0):
+                raise
+            self._fail(ti, state, PlanningError(f"a tool source could not be listed: {error}"))
+
+    def _dag_plan(self, ti: Any, state: SessionState, params: Mapping[str, Any], context: Context) -> Any:
+        """The DAG's own plan (a frozen plan DAG), rendered with the run's context, when this revision
+        runs it; None otherwise. A run's conf that gives a plan of its own fails the try."""
+        if self.ready_plan is None:
+            return None
+        if params.get("plan"):
+            self._fail(ti, state, PlanningError(FROZEN_PLAN_REFUSAL, reason="invalid_plan"))
+        if state.current_plan is not None:
+            return None
+        try:
+            return self.render_template(self.ready_plan, with_run_dates(context))
+        except Exception as error:  # a Jinja syntax error or an undefined name in the DAG's plan
+            message = f"cannot render the DAG's plan: {type(error).__name__}: {error}"
+            self._fail(ti, state, PlanningError(message, reason="invalid_plan"))
+
+    def _recorded(
+        self, ti: Any, state: SessionState, source: PlanSource, outcome: PlanningOutcome, tools: ToolRegistry
+    ) -> SessionState:
+        """The session with the plan recorded (its lanes, usage and rejected attempts), logged."""
         try:
             lanes = self._lanes(outcome.plan, tools)
         except PlanningError as error:
@@ -231,9 +266,13 @@ class PlanOperator(BaseOperator):
             len(plan.layers),
             plan.layers,
         )
-        heavy = heavy_conf_warning(conf, len(plan.nodes))
-        if heavy:
-            self.log.warning("%s", heavy)
+        return planned
+
+    def _published(
+        self, ti: Any, planned: SessionState, plan: ValidatedPlan, tools: ToolRegistry, listing: ToolListing
+    ) -> list[Any]:
+        """Push what the run's other tasks read (the tools listed, the plan, the session, the run's
+        context, locked outputs, the nodes' briefs), and return what the node task maps over."""
         run = run_context(planned)
         self._keep_tools(ti, tools, listing, plan)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
