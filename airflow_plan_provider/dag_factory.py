@@ -163,6 +163,24 @@ class _PlanTasks:
         that DAG.
         """
         control = {**self.operator_args, **self.control}
+        planning = self._planning_task(goal, control)
+        approve = self._approve_task(planning, control)
+        lanes_tasks = [
+            self._node_task(lane, kwargs, planning, approve, control)
+            for lane, kwargs in self._lane_kwargs().items()
+        ]
+        finalize = FinalizePlanOperator(
+            task_id=FINALIZE_TASK,
+            trigger_rule=TriggerRule.ALL_DONE,
+            replan_task_id=REPLAN_TASK if replan_dag_id else None,
+            **control,
+        )
+        [planning, *lanes_tasks] >> finalize
+        if replan_dag_id:
+            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
+
+    def _lane_kwargs(self) -> dict[str | None, dict[str, Any]]:
+        """Each lane's node task arguments: the default lane's (None), and a pool's lane's with its pool."""
         node_kwargs: dict[str, Any] = {
             **self.operator_args,
             **node_execution_kwargs(self.execution),
@@ -174,7 +192,10 @@ class _PlanTasks:
         lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
         for lane, tool in self.lanes.items():
             lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
-        planning = PlanOperator(
+        return lane_kwargs
+
+    def _planning_task(self, goal: str | None, control: Mapping[str, Any]) -> PlanOperator:
+        return PlanOperator(
             task_id=PLAN_TASK,
             planner=self.planner,
             tools=self.tools,
@@ -187,59 +208,59 @@ class _PlanTasks:
             ready_plan=self.ready_plan,
             **control,
         )
-        approve = None
-        if self.asks_approval:
-            # imported only by the DAGs that ask for approval: every task of a DAG parses its file
-            from airflow_plan_provider.operators.approval import PlanApprovalOperator
 
-            approve = PlanApprovalOperator(
-                task_id=APPROVE_TASK,
-                mode=self.approval.mode,
-                tools=self.tools,
-                approvers=self.approval.approvers,
-                response_timeout=self.approval.timeout,
-                **control,
-            )
-            planning >> approve
-        # the first node tasks run after a skipped approval (none needed), never after a failed one
-        first_rule = TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if approve else TriggerRule.ALL_SUCCESS
+    def _approve_task(self, planning: PlanOperator, control: Mapping[str, Any]) -> Any:
+        """The ``approve`` task after ``planning``, when the DAG asks for approval; else None."""
+        if not self.asks_approval:
+            return None
+        # imported only by the DAGs that ask for approval: every task of a DAG parses its file
+        from airflow_plan_provider.operators.approval import PlanApprovalOperator
 
-        def node_task(lane: str | None) -> Any:
-            """The mapped task of ``lane``: the default lane maps over the planning task's return value,
-            a pool's lane over a select task of its own, which runs beside the default lane."""
-            task_id = lane_task_id(lane)
-            if lane is None:
-                source = planning.output
-            else:
-                select = LaneSelectOperator(
-                    task_id=select_task_id(task_id),
-                    node_task=task_id,
-                    trigger_rule=first_rule,
-                    approval_task_id=APPROVE_TASK if approve else None,
-                    **control,
-                )
-                planning >> select
-                if approve is not None:
-                    approve >> select
-                source = select.output
-            task = PlanNodeOperator.partial(
-                task_id=task_id, trigger_rule=first_rule, **lane_kwargs[lane]
-            ).expand(plan_node=source)
-            planning >> task
-            if approve is not None:
-                approve >> task
-            return task
-
-        lanes_tasks = [node_task(lane) for lane in lane_kwargs]
-        finalize = FinalizePlanOperator(
-            task_id=FINALIZE_TASK,
-            trigger_rule=TriggerRule.ALL_DONE,
-            replan_task_id=REPLAN_TASK if replan_dag_id else None,
+        approve = PlanApprovalOperator(
+            task_id=APPROVE_TASK,
+            mode=self.approval.mode,
+            tools=self.tools,
+            approvers=self.approval.approvers,
+            response_timeout=self.approval.timeout,
             **control,
         )
-        [planning, *lanes_tasks] >> finalize
-        if replan_dag_id:
-            finalize >> ReplanOperator(task_id=REPLAN_TASK, trigger_dag_id=replan_dag_id, **control)
+        planning >> approve
+        return approve
+
+    def _node_task(
+        self,
+        lane: str | None,
+        kwargs: Mapping[str, Any],
+        planning: PlanOperator,
+        approve: Any,
+        control: Mapping[str, Any],
+    ) -> Any:
+        """The mapped task of ``lane``: the default lane maps over the planning task's return value, a
+        pool's lane over a select task of its own, which runs beside the default lane. Both run after a
+        skipped approval (none needed), never after a failed one."""
+        first_rule = TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if approve else TriggerRule.ALL_SUCCESS
+        task_id = lane_task_id(lane)
+        if lane is None:
+            source = planning.output
+        else:
+            select = LaneSelectOperator(
+                task_id=select_task_id(task_id),
+                node_task=task_id,
+                trigger_rule=first_rule,
+                approval_task_id=APPROVE_TASK if approve else None,
+                **control,
+            )
+            planning >> select
+            if approve is not None:
+                approve >> select
+            source = select.output
+        task = PlanNodeOperator.partial(task_id=task_id, trigger_rule=first_rule, **kwargs).expand(
+            plan_node=source
+        )
+        planning >> task
+        if approve is not None:
+            approve >> task
+        return task
 
 
 def build_plan_dag(
