@@ -44,28 +44,16 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
     failed = [n for n in failed if n not in contained]
     moot = [n for n in plan.node_ids if n in records and records[n].replan_requested]
     starved = [n for n in plan.node_ids if n in records and records[n].budget_exhausted]
-    budgets, usage = state.budgets, state.usage
     if starved:
         return Conclusion(
             kind="give_up",
             reason="step_budget",
-            message=f"step budget of {budgets.max_steps} spent; not executed: {', '.join(starved)}",
+            message=f"step budget of {state.budgets.max_steps} spent; not executed: {', '.join(starved)}",
             failed=failed,
         )
-    cannot_replan = state.plan_source != "planner" or budgets.max_replans == 0
+    cannot_replan = state.plan_source != "planner" or state.budgets.max_replans == 0
     if cannot_replan and not failed and moot and not any(_children(plan)[n] for n in moot):
-        # No replan can answer (as for a frozen plan), and no node depends on the requesting nodes, so
-        # nothing was skipped for them: the run concludes on the rest.
-        return Conclusion(
-            kind="done",
-            reason="goal_met",
-            message="the plan ran to its end (no node depends on "
-            + ", ".join(moot)
-            + "); "
-            + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot)
-            + f"; no replan runs: {_no_replan_remedy(state)}",
-            replan_requested=moot,
-        )
+        return _done_beside_requests(records, moot, state)
     if not failed and not moot:
         if contained:
             return Conclusion(
@@ -74,6 +62,33 @@ def conclude(plan: ValidatedPlan, records: Mapping[str, NodeRecord], state: Sess
                 message=f"completed without the output of failed optional input(s) {', '.join(contained)}",
             )
         return Conclusion(kind="done", reason="goal_met", message="every node succeeded")
+    return _replan_or_give_up(records, failed, moot, state)
+
+
+def _done_beside_requests(
+    records: Mapping[str, NodeRecord], moot: list[str], state: SessionState
+) -> Conclusion:
+    """Done, though nodes ``moot`` requested a replan: no replan can answer (as for a frozen plan), and
+    no node depends on the requesting nodes, so nothing was skipped for them: the run concludes on the
+    rest."""
+    return Conclusion(
+        kind="done",
+        reason="goal_met",
+        message="the plan ran to its end (no node depends on "
+        + ", ".join(moot)
+        + "); "
+        + "; ".join(f"node {n} requested a replan: {records[n].error}" for n in moot)
+        + f"; no replan runs: {_no_replan_remedy(state)}",
+        replan_requested=moot,
+    )
+
+
+def _replan_or_give_up(
+    records: Mapping[str, NodeRecord], failed: list[str], moot: list[str], state: SessionState
+) -> Conclusion:
+    """Nodes ``failed`` failed or nodes ``moot`` requested a replan: a replan, unless the plan cannot be
+    replanned (a ready plan, a frozen plan, no replans allowed) or a budget is spent."""
+    budgets, usage = state.budgets, state.usage
     what = "; ".join(
         [f"node {n} failed: {records[n].error}" for n in failed]
         + [f"node {n} requested a replan: {records[n].error}" for n in moot]
