@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
@@ -36,6 +37,8 @@ from airflow_plan_provider.plan.session import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_plan_provider.plan.conclusion import Conclusion
 
 NO_REPORT = "the node's task ended without reporting (killed, timed out, or its task never ran)"
 
@@ -88,15 +91,29 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
 
     def execute(self, context: Context) -> None:
         # imported here, not by the DAG file every node task parses
-        from airflow_plan_provider.plan.conclusion import (
-            conclude,
-            fail_session,
-            finish_session,
-            prepare_replan,
-        )
+        from airflow_plan_provider.plan.conclusion import conclude
 
         ti = context["ti"]
         state = pull_session(ti)
+        plan = self._plan_or_fail(ti, state)
+        state = self._answered(ti, state)
+        records = collect_records(ti, plan, state)
+        recorded = record_node_outcomes(state, plan, records)
+        # the node tasks logged their own events; finalize logs the rest
+        self._publish(state, recorded, logged=sum(len(r.events) for r in records.values()))
+        state = recorded
+        conclusion = conclude(plan, records, state)
+        outputs = shown_outputs(plan, records)
+        self.log.info("run concludes: %s (%s) %s", conclusion.kind, conclusion.reason, conclusion.message)
+        if conclusion.kind == "replan" and self.replan_task_id:
+            self._hand_over(ti, state, conclusion, records, outputs)
+        else:
+            self._finish(ti, state, conclusion, outputs)
+
+    def _plan_or_fail(self, ti: Any, state: SessionState) -> ValidatedPlan:
+        """The run's plan; without one, fail the session with why planning failed."""
+        from airflow_plan_provider.plan.conclusion import fail_session
+
         plan = pull_plan(ti)
         if plan is None:
             raw = ti.xcom_pull(task_ids=task_id_in(ti, PLAN_TASK), key=PLANNING_ERROR_KEY)
@@ -104,6 +121,12 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             reason: Any = error.reason
             reason = "replan_failed" if state.revision > 0 and reason == "invalid_plan" else reason
             self._fail(ti, state, *fail_session(state, reason, error.message))
+        return plan
+
+    def _answered(self, ti: Any, state: SessionState) -> SessionState:
+        """The session with the approval's answer recorded, when the DAG asks for approval; a rejection
+        fails the session (no node ran)."""
+        from airflow_plan_provider.plan.conclusion import fail_session
 
         answered, approval = state, None
         if has_task(ti, APPROVE_TASK):  # the DAG asks for approval
@@ -114,24 +137,30 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
             message = f"the plan was not approved: {approval.message}"
             self._fail(ti, state, *fail_session(answered, "rejected", message))
         self._publish(state, answered)  # the answer, as an event (the approve task logged it as text)
-        state = answered
+        return answered
 
-        records = collect_records(ti, plan, state)
-        recorded = record_node_outcomes(state, plan, records)
-        # the node tasks logged their own events; finalize logs the rest
-        self._publish(state, recorded, logged=sum(len(r.events) for r in records.values()))
-        state = recorded
-        conclusion = conclude(plan, records, state)
-        outputs = shown_outputs(plan, records)
-        self.log.info("run concludes: %s (%s) %s", conclusion.kind, conclusion.reason, conclusion.message)
+    def _hand_over(
+        self,
+        ti: Any,
+        state: SessionState,
+        conclusion: Conclusion,
+        records: Mapping[str, NodeRecord],
+        outputs: dict[str, Any],
+    ) -> None:
+        """Prepare the replan: the next revision's session for the replan task, and this run's result
+        (``replanned``). The replan task runs next and reports the chain's outcome."""
+        from airflow_plan_provider.plan.conclusion import prepare_replan
 
-        if conclusion.kind == "replan" and self.replan_task_id:
-            result, following = prepare_replan(state, conclusion, records, outputs)
-            self._publish(state, following)
-            ti.xcom_push(key=REPLAN_CONF_KEY, value=replan_conf(following))
-            self.log.info("%s", result.summary_text())
-            ti.xcom_push(key=RESULT_KEY, value=result.model_dump(mode="json"))
-            return None  # the replan task runs next and reports the chain's outcome
+        result, following = prepare_replan(state, conclusion, records, outputs)
+        self._publish(state, following)
+        ti.xcom_push(key=REPLAN_CONF_KEY, value=replan_conf(following))
+        self.log.info("%s", result.summary_text())
+        ti.xcom_push(key=RESULT_KEY, value=result.model_dump(mode="json"))
+
+    def _finish(self, ti: Any, state: SessionState, conclusion: Conclusion, outputs: dict[str, Any]) -> None:
+        """End the session: push its result (failing the task when it did not complete) and skip the
+        replan task."""
+        from airflow_plan_provider.plan.conclusion import finish_session
 
         finished, result = finish_session(state, conclusion, outputs)
         if result.status != "completed":
@@ -140,7 +169,7 @@ class FinalizePlanOperator(BaseOperator, SkipMixin):
         self.log.info("%s", result.summary_text())
         ti.xcom_push(key=RESULT_KEY, value=result.model_dump(mode="json"))
         self._skip_replan(ti)  # ends the try (Airflow's skip of the replan task), so pushed before
-        return None  # returned, the result would be pushed a second time
+        # nothing returned: a return value would push the result a second time
 
     def _publish(self, before: SessionState, after: SessionState, logged: int = 0) -> None:
         """Log (and count) the events added to the session since ``before``, but the first ``logged``."""
