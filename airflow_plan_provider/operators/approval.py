@@ -46,6 +46,8 @@ from airflow_plan_provider.triggers.payloads import validate_approval_event
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_plan_provider.plan.model import ValidatedPlan
+
 
 def assigned_users(approvers: Sequence[Approver] | str | None) -> list[dict[str, str]] | None:
     """Approvers as Airflow HITL users (``{"id", "name"}``): a string is a user id (and its name)."""
@@ -151,18 +153,22 @@ class PlanApprovalOperator(ApprovalOperator):
             locked=state.locked,
             redact=lambda value, key: redact(value, key or None),
         )
-        request = Approval(
-            revision=state.revision,
-            run_id=ti.run_id,
-            status="rejected",  # until answered
+        request = self._request(plan, asked, state.revision, ti.run_id)
+        ti.xcom_push(key=APPROVAL_KEY, value=ApprovalRecord.requested(request).model_dump(mode="json"))
+        self.log.info("asking for approval of nodes %s (%s)", asked, self.subject)
+        super().execute(context)
+
+    def _request(self, plan: ValidatedPlan, asked: list[str], revision: int, run_id: str) -> Approval:
+        """The approval asked for nodes ``asked`` of revision ``revision``: a rejection until answered."""
+        return Approval(
+            revision=revision,
+            run_id=run_id,
+            status="rejected",
             nodes=asked,
             calls=approved_calls(plan, asked),
             approvers=[user["id"] for user in self.assigned_users or []],
             requested_at=now(),
         )
-        ti.xcom_push(key=APPROVAL_KEY, value=ApprovalRecord.requested(request).model_dump(mode="json"))
-        self.log.info("asking for approval of nodes %s (%s)", asked, self.subject)
-        super().execute(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Record the answer; on anything but a timely "Approve", end failed ("plan rejected: rejected by
