@@ -63,8 +63,8 @@ def test_without_lazy_sequences_a_mapped_tasks_first_values_are_pulled_one_by_on
 ) -> None:
     monkeypatch.setitem(sys.modules, "airflow.sdk.execution_time.lazy_sequence", None)  # import fails
     ti = PullingTi({0: "a", 2: "c", 3: "d"})
-    assert compat.first_mapped_xcoms(ti, "nodes", "node", 3) == ["a", None, "c"]
-    assert ti.pulls == [("nodes", "node", 0), ("nodes", "node", 1), ("nodes", "node", 2)]
+    assert compat.first_mapped_xcoms(ti, "fetch", "rows", 3) == ["a", None, "c"]
+    assert ti.pulls == [("fetch", "rows", 0), ("fetch", "rows", 1), ("fetch", "rows", 2)]
 
 
 def test_a_mapped_tasks_first_values_are_read_in_one_slice() -> None:

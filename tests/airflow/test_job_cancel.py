@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_plan_provider.contract import NODES_TASK
 from airflow_plan_provider.tools.jobs import JobStatus, callable_path
 from airflow_plan_provider.tools.registry import ToolRegistry
 
@@ -57,13 +58,13 @@ class PushingTi:
 def deferred_node(cancel: Any = cancel_export) -> tuple[Any, Any]:
     """A node operator whose try started its tool's job and deferred to the job's trigger (TaskDeferred
     caught), and that trigger."""
-    from airflow.exceptions import TaskDeferred
+    from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_plan_provider.contract import POLLING_KEY
     from airflow_plan_provider.operators.node import PlanNodeOperator
     from airflow_plan_provider.plan.node_step import JobWait
 
-    operator = PlanNodeOperator(task_id="nodes", plan_node={})
+    operator = PlanNodeOperator(task_id=NODES_TASK, plan_node={})
     tool = registry(cancel)["export"]
     job = JobWait({"job": "export-t"}, {"handle": {"job": "export-t"}, "timeout": 60}, None, [], [], tool)
     run = SimpleNamespace(ti=PushingTi(), node=SimpleNamespace(id="n"))
@@ -84,7 +85,7 @@ def test_a_node_killed_while_its_job_runs_cancels_the_job_once() -> None:
 def test_a_node_killed_before_any_job_cancels_nothing() -> None:
     from airflow_plan_provider.operators.node import PlanNodeOperator
 
-    PlanNodeOperator(task_id="nodes", plan_node={}).on_kill()
+    PlanNodeOperator(task_id=NODES_TASK, plan_node={}).on_kill()
     assert CANCELLED == []
 
 

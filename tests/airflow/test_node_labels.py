@@ -202,7 +202,7 @@ def test_a_node_waiting_in_its_slot_sends_its_label_when_it_falls_due(
     monkeypatch.setattr(
         compat, "send_rendered_map_index", lambda label: bool(sent.append((label, time.monotonic())))
     )
-    operator = node_operator.PlanNodeOperator(task_id="nodes", plan_node={})
+    operator = node_operator.PlanNodeOperator(task_id=NODES_TASK, plan_node={})
     operator._label = "a · wait"
     with operator._labelled_when_seen():
         began = time.monotonic()
