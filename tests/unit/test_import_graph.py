@@ -37,7 +37,7 @@ RULES = [
 CORE_MAY_IMPORT = ("plan/*", "tools/*", "exceptions.py", "problems.py")
 #: the package's files by floor, the ground first: a file imports files of its own floor or below
 FLOORS = [
-    ("exceptions.py", "problems.py", "provider_info.py", "airflow_features.py"),
+    ("exceptions.py", "problems.py", "provider_info.py", "airflow_features.py", "plan/base_model.py"),
     ("compat.py",),
     ("tools/*", "hooks/*"),
     ("plan/*",),
