@@ -54,12 +54,11 @@ if TYPE_CHECKING:
 
     from airflow_plan_provider.plan.waiting import WaitingPolicy
 
-#: Seconds a node instance runs before it sends Airflow its label (``id · action``) for the grid, at the
-#: first point its own thread passes after that: in its wait for its parents, or as it calls its tool. A
-#: node that ends sooner, or calls its tool sooner, has its label set with its final state, one
-#: execution-API request fewer (a task that lasts less than the grid's few seconds between refreshes is
-#: seldom seen running anyway); one that defers, makes way or waits for a retry sends it as it stops,
-#: since those states do not carry it.
+#: Seconds a node instance waits for its parents in its slot before it sends Airflow its label
+#: (``id · action``) for the grid. A node sends it, from its own thread, as it calls its tool (the tool may
+#: run long: the grid shows it running under its label), once it has waited this long, or as it defers,
+#: makes way or waits for a retry (those states do not carry it); a node that is skipped, reused or fails
+#: before its call has the label set with its final state.
 LABEL_AFTER = 2.0
 
 # The waiting policy and its reads, the triggers' payload checks and the asynchronous jobs' helpers are
@@ -179,7 +178,7 @@ class _OperatorHost:
         return shown
 
     def call(self, tool: Tool, params: Any, ctx: ToolContext) -> Any:
-        self.run.operator.send_label_when_due()  # the tool may run long: the last point before it
+        self.run.operator.send_label()  # the tool may run long: the grid shows it running, labelled
         with span("plan.node", node_id=ctx.node_id, tool=tool.name, revision=ctx.revision):
             return tool.call(params, ctx)
 
@@ -289,11 +288,12 @@ class PlanNodeOperator(BaseOperator):
 
     @contextmanager
     def _labelled_when_seen(self) -> Iterator[None]:
-        """Around what the instance does in its process: its label falls due :data:`LABEL_AFTER` seconds
-        from now (sent by :meth:`send_label_when_due` and :meth:`sleep_sending_label`), and is sent when
-        the instance stops to wait (deferred, rescheduled, up for retry: states whose message carries no
-        label). A node that succeeds, skips or fails has the label set with its final state. Every send
-        happens on this thread, the one that owns the task's channel to its supervisor."""
+        """Around what the instance does in its process: its label is sent as its tool is called
+        (:meth:`send_label`), once it has waited :data:`LABEL_AFTER` seconds in its slot
+        (:meth:`sleep_sending_label`), or when it stops to wait (deferred, rescheduled, up for retry:
+        states whose message carries no label); a node that skips or fails before its call has the label
+        set with its final state. Every send happens on this thread, the one that owns the task's
+        channel to its supervisor."""
         self._label_due = time.monotonic() + LABEL_AFTER
         try:
             yield
@@ -303,10 +303,9 @@ class PlanNodeOperator(BaseOperator):
             self._send_label()
             raise
 
-    def send_label_when_due(self) -> None:
-        """Send this instance's label if it has run :data:`LABEL_AFTER` seconds."""
-        if time.monotonic() >= self._label_due:
-            self._send_label()
+    def send_label(self) -> None:
+        """Send this instance's label now (as its tool is called), unless it was sent already."""
+        self._send_label()
 
     def sleep_sending_label(self, seconds: float) -> None:
         """``time.sleep(seconds)``, sending the label on the way if it falls due meanwhile: how the node

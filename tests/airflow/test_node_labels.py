@@ -109,15 +109,13 @@ def test_a_node_reads_its_brief_and_not_the_plan(tmp_path: Path, monkeypatch, wi
     assert sorted(rest) == sorted(f"n{i} · next" for i in range(width - 1))
 
 
-@pytest.mark.parametrize("label_after", [0.5, 0.0], ids=["quick nodes", "every node late"])
-def test_a_node_sends_its_label_from_its_own_thread_once_it_has_run_a_while(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label_after: float
+def test_a_node_sends_its_label_from_its_own_thread_as_it_calls_its_tool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A node whose tool is called within ``LABEL_AFTER`` seconds has its label set with its final state
-    (one execution-API request fewer), unless it stops to wait (here: up for retry), which sends it;
-    one that has run that long by its tool call sends it then, so its tool runs labelled. Each tool
-    looks at its own instance's label in the metadata database as it ends; every label sent while a
-    node runs is sent from the thread that runs it."""
+    """Every try of a node sends its label as it calls its tool, so the tool runs labelled in the grid
+    however soon it started (a retry's new try too). Each tool looks at its own instance's label in the
+    metadata database as it ends; every label sent while a node runs is sent from the thread that runs
+    it, once a try."""
     import threading
     import time
 
@@ -126,7 +124,6 @@ def test_a_node_sends_its_label_from_its_own_thread_once_it_has_run_a_while(
     from airflow_plan_provider.exceptions import TransientToolError
     from airflow_plan_provider.operators import node as node_operator
 
-    monkeypatch.setattr(node_operator, "LABEL_AFTER", label_after)
     node_threads: set[int] = set()
     sent: list[tuple[str, int]] = []  # (label, thread) of every label sent while a node ran
     execute, send = node_operator.PlanNodeOperator.execute, compat.send_rendered_map_index
@@ -141,7 +138,7 @@ def test_a_node_sends_its_label_from_its_own_thread_once_it_has_run_a_while(
 
     monkeypatch.setattr(node_operator.PlanNodeOperator, "execute", executed)
     monkeypatch.setattr(compat, "send_rendered_map_index", sent_from)
-    dag_id = f"node_labels_late_{int(label_after * 10)}"
+    dag_id = "node_labels_at_the_call"
     seen: dict[tuple[str, int], str | None] = {}  # (node, try) → its instance's label as its tool ended
     registry = ToolRegistry()
 
@@ -176,12 +173,8 @@ def test_a_node_sends_its_label_from_its_own_thread_once_it_has_run_a_while(
     assert str(run.state) == "success"
     labels = {"quick": "quick · nap briefly", "long": "long · nap a while", "again": "again · nap twice"}
     tries = [("quick", 1), ("long", 1), ("again", 1), ("again", 2)]
-    if label_after:  # each tool was called at once: only the retried node's first try sent its label
-        assert seen == dict.fromkeys(tries)  # a new try starts unlabelled; its final state labels it
-        assert [label for label, _thread in sent] == [labels["again"]]
-    else:  # every node had run long enough by its tool call: each try sent its label before it
-        assert seen == {(node, attempt): labels[node] for node, attempt in tries}
-        assert sorted(label for label, _thread in sent) == sorted(labels[node] for node, _try in tries)
+    assert seen == {(node, attempt): labels[node] for node, attempt in tries}
+    assert sorted(label for label, _thread in sent) == sorted(labels[node] for node, _try in tries)
     assert {thread for _label, thread in sent} <= node_threads
     shown = {ti.rendered_map_index for ti in _task_instances(dag_id, run.run_id) if ti.task_id == NODES_TASK}
     assert shown == set(labels.values())  # every label, once its node ended
