@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -152,8 +152,6 @@ class McpServer:
         conn = read_connection(self.conn_id)
         try:
             advertised = run_async(lambda: self._advertised(conn))
-        except ToolSourceError:
-            raise
         except Exception as error:
             raise ToolSourceError(
                 f"MCP server {self.conn_id!r} could not be listed: {describe(error)}"
@@ -165,12 +163,9 @@ class McpServer:
         than ten times ``max_tools``: a server advertising more is cut off there)."""
         found: list[Any] = []
         async with conn.client(self.timeout or conn.timeout) as client:
-            cursor: str | None = None
-            for _ in range(MAX_PAGES):
-                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                found.extend(page.tools)
-                cursor = page.next_cursor
-                if not cursor or len(found) > 10 * self.max_tools:
+            async for page in _pages(client):
+                found.extend(page)
+                if len(found) > 10 * self.max_tools:
                     break
         return found
 
@@ -327,17 +322,23 @@ class McpToolCall:
         return TransientToolError(f"{where}: {describe(error)}")
 
 
-async def _find(client: Any, name: str) -> Any:
-    """The server's listing of tool ``name`` (paged until found), or None."""
+async def _pages(client: Any) -> AsyncIterator[list[Any]]:
+    """The server's tools, page by page, as it lists them now (at most :data:`MAX_PAGES` pages)."""
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-        for item in page.tools:
-            if item.name == name:
-                return item
+        yield list(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            return None
+            return
+
+
+async def _find(client: Any, name: str) -> Any:
+    """The server's listing of tool ``name`` (paged until found), or None."""
+    async for page in _pages(client):
+        for item in page:
+            if item.name == name:
+                return item
     return None
 
 
