@@ -46,7 +46,7 @@ from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
 from airflow_plan_provider.plugins.document import document_of
 from airflow_plan_provider.tools.registry import ToolOrigin
-from airflow_plan_provider.tools.sources import listing_of
+from airflow_plan_provider.tools.sources import ToolListing, listing_of
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (
@@ -261,6 +261,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
             reason, trigger, diff = entry.get("reason"), entry.get("trigger_node"), entry.get("diff")
     plan_ti = run.ti(PLAN_TASK) or {}
     finalize = run.xcom(FINALIZE_TASK, RESULT_KEY)
+    tools = _tool_listing(run)
     view: dict[str, Any] = {
         "run_id": run.run_id,
         "revision": revision,
@@ -279,7 +280,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         "result": _result_summary(finalize) if isinstance(finalize, dict) else None,
         "replanned": bool(run.xcom(FINALIZE_TASK, REPLAN_CONF_KEY)),
         "changes": [],
-        "tool_sources": _tool_sources(run),
+        "tool_sources": tools.summary(),
         "layers": plan.layers if plan else [],
         "nodes": [],
         "edges": [],
@@ -294,7 +295,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         if record.get("status") == NodeStatus.SUCCESS and record.get("artifact") is None
     }
     marks = _diff_marks(diff)
-    origins = _tool_origins(run)
+    origins = {name: ToolOrigin.from_dict(origin).label() for name, origin in tools.origins.items()}
     lanes = session.get("lanes")
     layout = RunContext(  # where the run's nodes are: each pooled node's lane
         lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
@@ -337,24 +338,13 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
     return view
 
 
-def _tool_sources(run: RunData) -> list[dict[str, Any]]:
-    """What each tool source listed when the run planned (an MCP server's tools, or why it could not be
-    listed); empty for a DAG without sources."""
-    value = run.xcom(PLAN_TASK, TOOLS_KEY)
+def _tool_listing(run: RunData) -> ToolListing:
+    """What each tool source listed when the run planned, and where each tool of its plan comes from;
+    empty for a run whose planning task kept none (or kept one of another shape)."""
     try:
-        return listing_of(value).summary()
+        return listing_of(run.xcom(PLAN_TASK, TOOLS_KEY))
     except ValueError:  # a listing of another shape: nothing to show
-        return []
-
-
-def _tool_origins(run: RunData) -> dict[str, str]:
-    """Tool name → where it comes from (``mcp · conn demo · query``), as the planning task recorded it."""
-    value = run.xcom(PLAN_TASK, TOOLS_KEY)
-    try:
-        origins = listing_of(value).origins
-    except ValueError:
-        return {}
-    return {name: ToolOrigin.from_dict(origin).label() for name, origin in origins.items()}
+        return ToolListing()
 
 
 def _add_phases(nodes: Sequence[dict[str, Any]], plan: ValidatedPlan, run: RunData) -> None:
