@@ -226,19 +226,15 @@ class SlotWait:
         request (Airflow's API server loads each instance as a full task-instance row, the run's conf
         decoded with each: with a 500-node plan in the conf a read of all took 11 s on PostgreSQL and
         stalled the run, one instance's 30 ms)."""
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-        ti = self.ti
+        ti = self.ti  # the Task SDK's RuntimeTaskInstanceProtocol: get_task_states is public
         if not self.one_by_one:
             task_ids = sorted({ti.task_id, *self.tasks, *self.grandparents})
-            found = RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=task_ids, run_ids=[ti.run_id]
-            )
+            found = ti.get_task_states(dag_id=ti.dag_id, task_ids=task_ids, run_ids=[ti.run_id])
             return dict(found.get(ti.run_id, {}))
         states: dict[str, Any] = {}
         for task, indexes in self.tasks.items():
             for index in indexes:
-                found = RuntimeTaskInstance.get_task_states(
+                found = ti.get_task_states(
                     dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index
                 )
                 states.update(found.get(ti.run_id, {}))

@@ -251,9 +251,32 @@ def _plan_of(run: RunData) -> ValidatedPlan | None:
 
 
 def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: Redact) -> dict[str, Any]:
+    """One run of a session: its revision's summary, then (when it planned) its nodes and edges."""
     session = run.session or {}
     revision = session.get("revision", index)
     plan = _plan_of(run)
+    tools = _tool_listing(run)
+    view = _revision_summary(run, session, revision, plan, tools)
+    if plan is None:
+        return view
+    diff = view["diff"]
+    view["changes"] = _changes(previous, plan, (diff or {}).get("revised") or [], redact)
+    view["nodes"] = _plan_nodes(run, session, plan, tools, _diff_marks(diff), redact)
+    view["edges"] = [
+        {"from": parent, "to": child, "optional": plan.is_optional(parent, child)}
+        for child, parents in plan.parents.items()
+        for parent in parents
+    ]
+    _add_phases(view["nodes"], plan, run)
+    if previous is not None:
+        view["nodes"] += _removed_nodes(previous, plan, diff, redact)
+    return view
+
+
+def _revision_summary(
+    run: RunData, session: dict[str, Any], revision: Any, plan: ValidatedPlan | None, tools: ToolListing
+) -> dict[str, Any]:
+    """What the view shows of a run above its nodes: its state, why it planned, how, and its result."""
     error = run.xcom(PLAN_TASK, PLANNING_ERROR_KEY)
     reason, trigger, diff = None, None, None
     for entry in session.get("revisions") or []:
@@ -261,8 +284,7 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
             reason, trigger, diff = entry.get("reason"), entry.get("trigger_node"), entry.get("diff")
     plan_ti = run.ti(PLAN_TASK) or {}
     finalize = run.xcom(FINALIZE_TASK, RESULT_KEY)
-    tools = _tool_listing(run)
-    view: dict[str, Any] = {
+    return {
         "run_id": run.run_id,
         "revision": revision,
         "state": run.state,
@@ -285,26 +307,34 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
         "nodes": [],
         "edges": [],
     }
-    if plan is None:
-        return view
-    view["changes"] = _changes(previous, plan, (diff or {}).get("revised") or [], redact)
+
+
+def _plan_nodes(
+    run: RunData,
+    session: dict[str, Any],
+    plan: ValidatedPlan,
+    tools: ToolListing,
+    marks: dict[str, str],
+    redact: Redact,
+) -> list[dict[str, Any]]:
+    """The plan's nodes, layer by layer, each with its task instance, record, resolved params and origin."""
     records = run.records
     outputs = {
         node_id: record.get("output")
         for node_id, record in records.items()
         if record.get("status") == NodeStatus.SUCCESS and record.get("artifact") is None
     }
-    marks = _diff_marks(diff)
     origins = {name: ToolOrigin.from_dict(origin).label() for name, origin in tools.origins.items()}
     lanes = session.get("lanes")
     layout = RunContext(  # where the run's nodes are: each pooled node's lane
         lanes={str(k): str(v) for k, v in lanes.items()} if isinstance(lanes, dict) else {},
     )
+    nodes = []
     for layer_index, layer in enumerate(plan.layers):
         for node_id in layer:
             node = plan.node(node_id)
             task_id, map_index = node_location(plan, layout, node_id)
-            view["nodes"].append(
+            nodes.append(
                 _node_view(
                     node.model_dump(mode="json", exclude_none=True),
                     layer_index,
@@ -316,26 +346,26 @@ def _run_view(run: RunData, index: int, previous: ValidatedPlan | None, redact: 
                 )
                 | {"task_id": run.prefix + task_id, "map_index": map_index, "origin": origins.get(node.tool)}
             )
-    for child, parents in plan.parents.items():
-        for parent in parents:
-            view["edges"].append({"from": parent, "to": child, "optional": plan.is_optional(parent, child)})
-    _add_phases(view["nodes"], plan, run)
-    if previous is not None:
-        for node_id in (diff or {}).get("removed") or []:
-            if node_id in previous.node_ids and node_id not in plan.node_ids:
-                node = previous.node(node_id)
-                view["nodes"].append(
-                    _node_view(
-                        node.model_dump(mode="json", exclude_none=True),
-                        previous.layer_of(node_id),
-                        None,
-                        None,
-                        None,
-                        "removed",
-                        redact,
-                    )
-                )
-    return view
+    return nodes
+
+
+def _removed_nodes(
+    previous: ValidatedPlan, plan: ValidatedPlan, diff: dict[str, Any] | None, redact: Redact
+) -> list[dict[str, Any]]:
+    """The nodes of the previous revision this one removed, marked so."""
+    return [
+        _node_view(
+            previous.node(node_id).model_dump(mode="json", exclude_none=True),
+            previous.layer_of(node_id),
+            None,
+            None,
+            None,
+            "removed",
+            redact,
+        )
+        for node_id in (diff or {}).get("removed") or []
+        if node_id in previous.node_ids and node_id not in plan.node_ids
+    ]
 
 
 def _tool_listing(run: RunData) -> ToolListing:

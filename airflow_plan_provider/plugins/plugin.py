@@ -1,8 +1,9 @@
 """The Airflow plugin of the plan view: a "Plan" tab on every DAG run's page, served by the API server.
 
-The plugin also gives the run type of a replan run a label in the UI (:mod:`.run_type_label`), and in a
-scheduler whose LocalExecutor forks the task processes it imports what a plan DAG's tasks need, once,
-before any task starts (:mod:`airflow_plan_provider.preload`).
+The plugin also gives the run type of a replan run a label in the UI
+(:class:`~airflow_plan_provider.compat.RunTypeLabels`), and in a scheduler whose LocalExecutor forks
+the task processes it imports what a plan DAG's tasks need, once, before any task starts
+(:mod:`airflow_plan_provider.preload`).
 
 The tab is an external view (``destination: "dag_run"``): the UI shows the plan view of the run in a
 frame, with ``{DAG_ID}`` and ``{RUN_ID}`` filled in. The FastAPI app behind it is built only when the API
@@ -53,7 +54,7 @@ class PlanViewPlugin(AirflowPlugin):
 
     @property
     def fastapi_root_middlewares(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        from airflow_plan_provider.plugins.run_type_label import RunTypeLabels
+        from airflow_plan_provider.compat import RunTypeLabels
 
         return [{"middleware": RunTypeLabels, "name": "Run type labels"}]
 

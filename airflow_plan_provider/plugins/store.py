@@ -1,7 +1,7 @@
 """Reading a plan session's runs from Airflow's metadata database (in the API server), as :class:`RunData`.
 
-Three small queries per run set: the runs, their XComs (only the keys the view reads) and their task
-instances. Values are decoded as the public REST API decodes them (``XComModel.deserialize_value``).
+Three small queries per run set (:mod:`airflow_plan_provider.compat` holds them): the runs, their XComs
+(only the keys the view reads) and their task instances.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from airflow_plan_provider import compat
 from airflow_plan_provider.contract import NODE_KEY, PLAN_TASK, SESSION_KEY
 from airflow_plan_provider.plugins.data import XCOM_KEYS, RunData, chain_candidates, root_of, session_chain
 
@@ -48,14 +48,7 @@ def _plan_prefix(session: Session, dag_id: str, run_id: str, group: str | None) 
     """The task id prefix of the plan to show: ``""`` for a plan DAG, ``"<group>."`` for a task group."""
     if group:
         return f"{group}."
-    from airflow.models.xcom import XComModel
-
-    planning = session.scalars(
-        select(XComModel.task_id)
-        .where(XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == SESSION_KEY)
-        .where(or_(XComModel.task_id == PLAN_TASK, XComModel.task_id.like(f"%.{PLAN_TASK}")))
-        .order_by(XComModel.task_id)
-    ).first()
+    planning = compat.first_task_with_xcom(session, dag_id, run_id, SESSION_KEY, [PLAN_TASK], f".{PLAN_TASK}")
     return planning.removesuffix(PLAN_TASK) if planning else ""
 
 
@@ -73,48 +66,27 @@ def load_runs(
     Reads the XComs named in ``keys`` (full task id, key; default :data:`XCOM_KEYS` of the plan whose
     task ids start with ``prefix``) and, with ``with_tis``, every node record and task instance.
     """
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
-
-    wanted = list(run_ids)
-    runs: dict[str, RunData] = {}
-    for dag_run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id.in_(wanted))):
-        runs[dag_run.run_id] = RunData(
-            run_id=dag_run.run_id,
+    runs = {
+        run["run_id"]: RunData(
+            run_id=run["run_id"],
             prefix=prefix,
-            state=_state(dag_run.state),
-            start_date=_iso(dag_run.start_date),
-            end_date=_iso(dag_run.end_date),
-            note=dag_run.note,
+            state=_state(run["state"]),
+            start_date=_iso(run["start_date"]),
+            end_date=_iso(run["end_date"]),
+            note=run["note"],
         )
+        for run in compat.read_runs(session, dag_id, run_ids)
+    }
     if not runs:
         return runs
     keys = list(keys) if keys is not None else [(prefix + task, key) for task, key in XCOM_KEYS]
-    which: list[Any] = [(XComModel.task_id == task_id) & (XComModel.key == key) for task_id, key in keys]
+    records = NODE_KEY if with_tis else None
+    for run_id, task_id, map_index, key, value in compat.read_xcoms(
+        session, dag_id, runs, keys, every_instance_key=records
+    ):
+        runs[run_id].xcoms[(task_id, map_index, key)] = value
     if with_tis:
-        which.append(XComModel.key == NODE_KEY)
-    rows = session.scalars(
-        select(XComModel).where(XComModel.dag_id == dag_id, XComModel.run_id.in_(list(runs)), or_(*which))
-    )
-    for row in rows:
-        runs[row.run_id].xcoms[(row.task_id, row.map_index, row.key)] = XComModel.deserialize_value(row)
-    if with_tis:
-        tis = session.execute(
-            select(
-                TaskInstance.run_id,
-                TaskInstance.task_id,
-                TaskInstance.map_index,
-                TaskInstance.state,
-                TaskInstance.try_number,
-                TaskInstance.start_date,
-                TaskInstance.end_date,
-                TaskInstance.duration,
-                TaskInstance.hostname,
-                TaskInstance.next_method,
-            ).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(runs)))
-        )
-        for ti in tis:
+        for ti in compat.read_task_instances(session, dag_id, runs):
             runs[ti.run_id].tis[(ti.task_id, ti.map_index)] = {
                 "state": _state(ti.state),
                 "try_number": ti.try_number,

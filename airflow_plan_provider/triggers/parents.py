@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_plan_provider import compat
 from airflow_plan_provider.plan.waiting import FINISHED, Wait, WaitingPolicy
 
 POLICY = WaitingPolicy()
@@ -87,6 +88,11 @@ class ParentsFinishedTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        if compat.task_states_reader() is None:  # the node reads its parents' states itself, in its slot
+            log.warning("this Airflow has no task states read for triggers: waking the node to look itself")
+            await asyncio.sleep(self.poll_interval)
+            yield TriggerEvent({"status": Wait.READY.value})
+            return
         failures, failing_since = 0, 0.0
         while True:
             try:
@@ -185,16 +191,19 @@ async def _shared(
 
 
 async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float) -> Any:
-    """What ``RuntimeTaskInstance.get_task_states`` returns for ``task_ids`` in run ``run_id``, read once
-    for every trigger of this triggerer that asks within ``max_age`` seconds of the first: the deferred
+    """The task states of ``task_ids`` in run ``run_id``
+    (:func:`~airflow_plan_provider.compat.task_states_reader`), read once for every trigger of this
+    triggerer that asks within ``max_age`` seconds of the first: the deferred
     nodes of a run wait on the same node task, and a read returns every instance of it, so a hundred
     of them cost the API server one read a poll interval, not a hundred. A failed read fails every
     trigger that shared it, as its own read would have."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
     from asgiref.sync import sync_to_async
 
+    reader = compat.task_states_reader()
+    if reader is None:
+        raise compat.AirflowCompatError("this Airflow has no task states read for triggers")
     read = partial(
-        sync_to_async(RuntimeTaskInstance.get_task_states),
+        sync_to_async(reader),
         dag_id=dag_id,
         task_ids=list(task_ids),
         run_ids=[run_id],

@@ -90,3 +90,82 @@ def test_a_mapped_tasks_first_values_are_read_in_one_slice() -> None:
     run = run_plan_dag(dag, {})
     assert str(run.state) == "success"
     assert xcom(run, "read") == ["w", "x", "y"]
+
+
+def test_a_trigger_reads_task_states_and_the_plan_view_reads_runs_on_this_airflow() -> None:
+    """On the running Airflow: the task states read a trigger makes (here from a task, through the same
+    channel) sees a finished mapped task's instances by map index, and the plan view's three queries read
+    the run, a mapped task's XComs by map index, decoded, and its task instances."""
+    from airflow.sdk import DAG, task
+    from airflow.utils.session import create_session
+
+    from airflow_plan_provider.testing.in_process import run_plan_dag
+    from tests.airflow.support import xcom
+
+    with DAG("compat_task_states", schedule=None) as dag:
+
+        @task
+        def emit(value: str) -> dict[str, str]:
+            return {"value": value}
+
+        @task
+        def read(**context: Any) -> dict[str, Any]:
+            reader = compat.task_states_reader()
+            assert reader is not None
+            ti = context["ti"]
+            return dict(reader(dag_id=ti.dag_id, task_ids=["emit"], run_ids=[ti.run_id])[ti.run_id])
+
+        emit.expand(value=["a", "b"]) >> read()
+
+    run = run_plan_dag(dag, {})
+    assert str(run.state) == "success"
+    assert {key: str(state) for key, state in xcom(run, "read").items()} == {
+        "emit_0": "success",
+        "emit_1": "success",
+    }
+
+    with create_session() as session:
+        runs = compat.read_runs(session, dag.dag_id, [run.run_id, "no such run"])
+        values = sorted(
+            (task_id, index, key, value)
+            for _, task_id, index, key, value in compat.read_xcoms(
+                session,
+                dag.dag_id,
+                [run.run_id],
+                [("read", "return_value")],
+                every_instance_key="return_value",
+            )
+        )
+        instances = sorted(
+            (ti.task_id, ti.map_index, str(ti.state))
+            for ti in compat.read_task_instances(session, dag.dag_id, [run.run_id])
+        )
+        first = compat.first_task_with_xcom(
+            session, dag.dag_id, run.run_id, "return_value", ["read"], ".read"
+        )
+    assert [(r["run_id"], str(r["state"])) for r in runs] == [(run.run_id, "success")]
+    assert values[:2] == [
+        ("emit", 0, "return_value", {"value": "a"}),
+        ("emit", 1, "return_value", {"value": "b"}),
+    ]
+    assert values[2][:3] == ("read", -1, "return_value")
+    assert instances == [("emit", 0, "success"), ("emit", 1, "success"), ("read", -1, "success")]
+    assert first == "read"  # "emit" has the key too, but neither its id nor its suffix matches
+
+
+def test_without_a_task_states_read_a_waiting_nodes_trigger_wakes_it_to_look_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
+
+    monkeypatch.setitem(sys.modules, "airflow.sdk.execution_time.task_runner", None)  # import fails
+    assert compat.task_states_reader() is None
+    trigger = ParentsFinishedTrigger(dag_id="d", run_id="r", parents={"nodes": [0]}, poll_interval=0.01)
+
+    async def first_event() -> Any:
+        async for event in trigger.run():
+            return event.payload
+
+    assert asyncio.run(first_event()) == {"status": "ready"}

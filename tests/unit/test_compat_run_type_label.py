@@ -11,7 +11,9 @@ from starlette.applications import Starlette
 from starlette.staticfiles import StaticFiles
 from starlette.testclient import TestClient
 
-from airflow_plan_provider.plugins.run_type_label import MISSING_LABELS, RunTypeLabels, with_labels
+from airflow_plan_provider.compat import MISSING_RUN_TYPE_LABELS as MISSING_LABELS
+from airflow_plan_provider.compat import RunTypeLabels
+from airflow_plan_provider.compat import with_run_type_labels as with_labels
 
 PATH = "/static/i18n/locales/{}/common.json"
 
