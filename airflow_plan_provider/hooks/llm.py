@@ -43,7 +43,7 @@ from airflow_plan_provider.compat import mask_secret
 
 if TYPE_CHECKING:  # openai is imported when a client is made, not when a DAG file names the planner
     import openai
-    from airflow.sdk.definitions.connection import Connection
+    from airflow.sdk import Connection
 
 NO_KEY = "no-key"  # sent when neither the connection nor the environment holds a key
 LEAK = 8  # a piece of the key this long (or longer) is a leak; a shorter key is redacted whole

@@ -30,6 +30,10 @@ class ParentRunLink(BaseOperatorLink):
         parent = getattr(operator, "parent_run_id", None)
         if not parent:
             return ""
-        from airflow.utils.helpers import build_airflow_dagrun_url
+        from urllib.parse import urljoin
 
-        return build_airflow_dagrun_url(dag_id=ti_key.dag_id, run_id=parent)
+        from airflow_plan_provider.airflow_features import sdk_conf
+
+        # the run's page in the UI, under the API server's public address, as Airflow's own links build it
+        base = str(sdk_conf().get("api", "base_url", fallback="/"))
+        return urljoin(base.rstrip("/") + "/", f"dags/{ti_key.dag_id}/runs/{parent}")

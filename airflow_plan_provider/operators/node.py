@@ -537,6 +537,8 @@ def _hostname(ti: Any) -> str:
     hostname = getattr(ti, "hostname", None)
     if hostname:
         return str(hostname)
-    from airflow.sdk.api.client import get_hostname
+    import socket
 
-    return str(get_hostname())
+    from airflow_plan_provider.airflow_features import sdk_conf
+
+    return str(sdk_conf().getimport("core", "hostname_callable", fallback=socket.getfqdn)())
