@@ -1,7 +1,7 @@
 """Every link of the documentation resolves: README.md, every ``docs/*.md`` and ``bench/README.md``.
 
 - A relative link or image names a file or folder of the repository (``/path`` from the repository root,
-  anything else from the page's folder); it may not leave the repository.
+  anything else from the page's folder); it may not leave the repository, nor name a file git ignores.
 - An anchor (``#anchor`` in the page, ``page.md#anchor`` in another) matches a heading of its target by
   GitHub's slug rules: the heading's text lowercased, every character but letters, digits, ``-``, ``_``
   and spaces dropped, each space a ``-``; a repeated slug gets ``-1``, ``-2``, ... An ``id``/``name``
@@ -9,13 +9,17 @@
   anchors (``#L10``, ``#L10-L20``).
 - An ``http(s)`` link is not fetched (the tests run offline); it must be a well-formed URL.
 
-Links inside code (fenced blocks and code spans) are text, not links, and are not checked.
+Links inside code (fenced blocks and code spans) are text, not links, and are not checked. The README
+stays an orientation: at most 400 lines, with its two set-up commands.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -172,6 +176,18 @@ def external_problem(target: str) -> str | None:
     return None
 
 
+@cache
+def ignored_by_git(path: Path, root: Path) -> bool:
+    """Whether git ignores ``path`` (a local file such as a test's output, not the repository's); False
+    where there is no git checkout to ask."""
+    if shutil.which("git") is None or not (root / ".git").exists():
+        return False
+    done = subprocess.run(
+        ["git", "-C", str(root), "check-ignore", "-q", str(path)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
 def check_page(page: Path, root: Path) -> list[Broken]:
     """Every broken link of one page."""
     name = page.relative_to(root).as_posix()
@@ -197,6 +213,9 @@ def check_page(page: Path, root: Path) -> list[Broken]:
             continue
         if not destination.exists():
             broken.append(Broken(name, target, "names no file of the repository"))
+            continue
+        if ignored_by_git(destination, root.resolve()):
+            broken.append(Broken(name, target, "names a file git ignores, not one of the repository"))
             continue
         if "#" not in target:
             continue
@@ -228,6 +247,14 @@ def test_the_readme_links_every_docs_page() -> None:
     pages = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
     assert pages, "docs/ has no page"
     assert pages <= readme, f"pages the README does not link: {sorted(pages - readme)}"
+
+
+def test_the_readme_is_short_and_keeps_its_two_set_up_commands() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 400, "the README orients; the details belong in docs/"
+    section = text.split("\n## Set-up commands\n", 1)[1].split("\n## ", 1)[0]
+    commands = [line.strip() for line in section.splitlines() if line.startswith("    ")]
+    assert commands == ["make demo", "make test"]
 
 
 # ------------------------------------------------------------------------------- the checker itself
@@ -273,4 +300,18 @@ def test_the_check_finds_each_kind_of_broken_link(tmp_path: Path) -> None:
         "https://:80/x",
         "code.py#main",
         "ftp://x.org/f",
+    ]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_file_git_ignores_is_not_the_repositorys(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("output/\n", encoding="utf-8")
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / "shot.png").write_bytes(b"")
+    (tmp_path / "kept.png").write_bytes(b"")
+    readme = tmp_path / "README.md"
+    readme.write_text("![local](output/shot.png) ![kept](kept.png)\n", encoding="utf-8")
+    assert [str(b) for b in check_page(readme, tmp_path)] == [
+        "README.md: (output/shot.png) names a file git ignores, not one of the repository"
     ]
