@@ -467,7 +467,7 @@ def _docstring(
             "",
             *(_node_line(node) for node in source.dropped),
         ]
-    doc += ["", "**Written by** airflow-plan freeze (see the README) with the options:", ""]
+    doc += ["", "**Written by** airflow-plan freeze (docs/plan-view-and-approval.md) with the options:", ""]
     doc += [f"    {flag} {_doc(shlex.quote(value))}" for flag, value in options]
     doc += ["", "To change the plan, freeze another session, or edit PLAN: each run validates it."]
     return doc

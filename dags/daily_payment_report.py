@@ -20,7 +20,7 @@ session and that no node of the final plan depends on (a frozen plan is never re
 
 - 3 · query deploy records of payment-api for yesterday (query_deploys)
 
-**Written by** airflow-plan freeze (see the README) with the options:
+**Written by** airflow-plan freeze (docs/plan-view-and-approval.md) with the options:
 
     --tools plan_demo.tools:registry
     --dag-id daily_payment_report

@@ -1,5 +1,5 @@
 """The deployment settings a cluster needs to ride out the faults of a shared deployment, read from
-``docker-compose.yml`` (README, Deploy, Faults), so the fault tests and the soak run use what users get."""
+``docker-compose.yml`` (docs/deploy.md, Faults), so the fault tests and the soak run use what users get."""
 
 from __future__ import annotations
 

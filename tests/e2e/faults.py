@@ -45,7 +45,7 @@ DATABASE_OUTAGE_SECONDS = 20
 CONTROL_PAUSE_SECONDS = 6
 #: how long the planner takes in the broker case (seconds)
 PLANNING_SECONDS = 4
-#: The deployment's settings these faults need, as docker-compose.yml sets them (README, Deploy, Faults).
+#: The deployment's settings these faults need, as docker-compose.yml sets them (docs/deploy.md, Faults).
 DEPLOY_SETTINGS = fault_settings()
 
 

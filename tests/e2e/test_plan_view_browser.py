@@ -614,8 +614,8 @@ def test_a_rejected_plans_nodes_show_as_not_run(session: Session, browser: Any) 
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", buttons[0])
     time.sleep(1.0)
     shot(browser, "10_approval_request")
-    # the user presses Reject; Airflow's toast says the answer was recorded, in Airflow's words (README:
-    # Approval), and the request then reads as a rejection
+    # the user presses Reject; Airflow's toast says the answer was recorded, in Airflow's words
+    # (docs/plan-view-and-approval.md, Approval), and the request then reads as a rejection
     toast = reject_in_the_ui(browser)
     assert toast == "approve response successful", toast
     shot(browser, "12_rejected_toast")
