@@ -1,9 +1,10 @@
 """The benchmarks' recorded measurements (``bench/results/``, one JSON file each): validated, and rendered as
 the summary table of ``bench/README.md``.
 
-Each file holds one measurement of one question (see :data:`SCHEMA`). The summary table has one line per
-question, its newest measurement (by ``date``, then file name); ``--history`` lists a question's
-measurements, oldest first.
+Each file holds one measurement of one question (see :data:`SCHEMA`), named ``<day>-<question>[-<n>].json``
+(``-<n>`` numbers a day's measurements of a question in the order they were taken). The summary table has
+one line per question, its newest measurement; ``--history`` lists a question's measurements, oldest
+first.
 
 Run (from the repository root)::
 
@@ -104,10 +105,12 @@ def _check_name(path: Path, record: dict[str, Any]) -> None:
         raise ValueError(f"{path.name}: expected {prefix}[-<n>].json")
 
 
-def _order(item: tuple[Path, dict[str, Any]]) -> tuple[str, str]:
+def _order(item: tuple[Path, dict[str, Any]]) -> tuple[str, int, str, str]:
+    """Oldest first: by day, then by the ``-<n>`` that numbers a day's measurements, then by time."""
     path, record = item
     date = record["date"]
-    return ("" if date == "unknown" else date, path.name)
+    number = path.stem[len(date[:10]) + len(record["question"]) + 2 :]
+    return ("" if date == "unknown" else date[:10], int(number or 0), date, path.name)
 
 
 def newest(records: Iterable[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
