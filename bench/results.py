@@ -133,6 +133,7 @@ ORDER = [
     "dag-parse",
     "first-uses",
     "unbalanced-60",
+    "step-aside-on-off",
     "seed",
     "depth",
     "deferred-handoff",
