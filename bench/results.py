@@ -50,11 +50,11 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "question": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
         "title": {"type": "string", "minLength": 1},
-        "script": {"type": "string", "pattern": r"^[a-z_]+\.py$"},
+        "script": {"type": "string", "pattern": r"^[a-z0-9_]+\.py$"},
         "command": {"type": "string", "minLength": 1},
         "date": {
             "type": "string",
-            "pattern": r"^(unknown|\d{4}-\d{2}-\d{2}(T\d{2}:\d{2})?)$",
+            "pattern": r"^(unknown|\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?)$",
         },
         "machine": {"type": "string", "minLength": 1},
         "commit": {"type": ["string", "null"], "pattern": "^[0-9a-f]{7,40}$"},
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             print(f"{len(load())} results valid; the README's table is the render")
             return 0
-        changed = write()
+        changed = write(README)
         print(f"{len(load())} results valid; README table {'written' if changed else 'unchanged'}")
         return 0
     except ValueError as error:

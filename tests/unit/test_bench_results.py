@@ -92,6 +92,16 @@ def test_a_changed_result_makes_the_readme_differ(tmp_path: Path) -> None:
     assert "| changed |" in readme.read_text(encoding="utf-8")
 
 
+def test_check_fails_when_the_readme_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = tmp_path / "README.md"
+    text = results.README.read_text(encoding="utf-8")
+    readme.write_text(text.replace(results.END, "| stale | line |\n" + results.END), encoding="utf-8")
+    monkeypatch.setattr(results, "README", readme)
+    assert results.main(["--check"]) == 1
+    assert results.main([]) == 0
+    assert results.main(["--check"]) == 0
+
+
 def test_history_lists_a_question_oldest_first() -> None:
     question = results.newest(results.load())[0]["question"]
     lines = [line for line in results.history(question).splitlines() if line.startswith("| 2")]
