@@ -129,8 +129,8 @@ def _local_file(uri: str) -> str | None:
     """The path of ``uri`` on this machine's file system when it names one with an absolute path
     (``file:///…``, ``local:///…``: the path :class:`~airflow.sdk.ObjectStoragePath` gives it), else None.
     A local file is read and written with the ``os`` module: through ``ObjectStoragePath`` each task
-    process would first set up fsspec's local file system and Airflow's hook lineage (the checkpoints of
-    a node with two parents: 12.6 against 0.9 ms of CPU, ``bench/first_uses.py``)."""
+    process would first set up fsspec's local file system and Airflow's hook lineage
+    (``docs/performance.md``)."""
     scheme, separator, rest = uri.partition("://")
     return rest if separator and scheme in LOCAL_PROTOCOLS and rest.startswith("/") else None
 

@@ -2,14 +2,14 @@
 forked from, so that each of them has it already.
 
 Every task process parses its DAG file before it runs its task. For a plan DAG that parse imports the
-provider (about 60 modules and their classes), and the task then builds the validators of the models
-it reads and writes: about 60 ms of CPU per node task, where a static task's parse costs a third of
-that. A task process is a fork: of a worker process the scheduler forked (LocalExecutor), or of a
-Celery worker's pool process, itself forked from the worker. What the process at the root of those
-forks imported is therefore already in every task process, shared copy-on-write (Airflow freezes the
-garbage collector around these forks so that the memory stays shared). Airflow does the same for its
-own modules: the Celery worker imports the standard operators before forking its pool, and the DAG
-processor the modules its DAG files import (``[dag_processor] parsing_pre_import_modules``).
+provider (its modules and their classes), and the task then builds the validators of the models it
+reads and writes (what this saves: ``docs/performance.md``). A task process is a fork: of a worker
+process the scheduler forked (LocalExecutor), or of a Celery worker's pool process, itself forked from
+the worker. What the process at the root of those forks imported is therefore already in every task
+process, shared copy-on-write (Airflow freezes the garbage collector around these forks so that the
+memory stays shared). Airflow does the same for its own modules: the Celery worker imports the
+standard operators before forking its pool, and the DAG processor the modules its DAG files import
+(``[dag_processor] parsing_pre_import_modules``).
 
 Two ways in, one import (:func:`import_task_modules`):
 
@@ -48,8 +48,8 @@ TASK_MODULES = (
     "airflow.providers.standard.operators.empty",
 )
 #: The scheduler's module. The scheduler and the processes it forks have it when they load the plugins.
-#: Another process that imported it before loading them would preload too, once, for nothing (about
-#: 60 ms of CPU and 3 MB): the API server imports it, but after its plugins (its log has no preload line).
+#: Another process that imported it before loading them would preload too, once, for nothing: the API
+#: server imports it, but after its plugins (its log has no preload line).
 SCHEDULER_MODULE = "airflow.jobs.scheduler_job_runner"
 
 #: The process that imported :data:`TASK_MODULES` (its pid), inherited by the processes it forks;
@@ -112,8 +112,7 @@ def first_uses() -> None:
     node's label is its rendered ``map_index_template``, rendered before and after ``execute``; Jinja
     builds its lexer once per process) and validate the trigger form's params (``jsonschema`` builds its
     validator classes and meta-schema registry on first use; Airflow validates a DAG's params twice in
-    every task). In a forked process, 5.6 → 2.2 ms of CPU for the two renders, 4.2 → 3.6 ms for the
-    params (``bench/first_uses.py``)."""
+    every task; ``bench/first_uses.py`` measures both)."""
     from airflow.sdk import DAG
 
     from airflow_plan_provider.dag_factory import MAP_INDEX_TEMPLATE, plan_params

@@ -928,7 +928,8 @@ class AirflowCluster:
         Airflow's one-run endpoint builds the run's ``dag_versions`` by loading every task instance of
         the run (and its history) with its DAG version; its list endpoint gets them in one query. A
         500-node run polled 4 times a second cost the API server about a sixth of its CPU the first
-        way (``bench/README.md``), load that a benchmark must not add to what it measures. A run that
+        way (``python bench/results.py --history wide-500``), load that a benchmark must not add to
+        what it measures. A run that
         does not exist raises :class:`AirflowApiError` with status 404, as the one-run endpoint does;
         so does the one-run endpoint itself, asked when more runs share the id's prefix than one page
         of the list holds.

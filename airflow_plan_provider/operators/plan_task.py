@@ -78,8 +78,7 @@ FROZEN_PLAN_REFUSAL = (
 ACCEPTED_REPLY_KEY = "accepted_plan_reply"
 #: The most bytes of run conf, times the run's node instances, the planning task lets pass without a
 #: warning: Airflow loads a run with each of its task instances and decodes the run's conf once per
-#: instance, in every scheduler loop (a 500-node plan in the conf, 71 KB: 36 MB a load, most of each
-#: loop's time on two cores).
+#: instance, in every scheduler loop (``docs/performance.md``).
 CONF_DECODE_WARNING_BYTES = 4_000_000
 
 

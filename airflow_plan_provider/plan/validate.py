@@ -345,8 +345,8 @@ def _cyclic_gc_paused(func: Callable[P, R]) -> Callable[P, R]:
     """Run ``func`` with the cyclic garbage collector paused.
 
     Validation allocates many small objects that form no reference cycles (reference counting frees
-    them); on plans of thousands of nodes the collector's passes would otherwise cost about as much
-    as the validation itself.
+    them); on plans of thousands of nodes the collector would otherwise traverse them again and again
+    (``bench/validate.py``).
     """
 
     @functools.wraps(func)

@@ -147,10 +147,9 @@ class WaitingPolicy:
     :param read_all_states_up_to: the most nodes a plan may have for its waiting nodes to read every
         instance's state in one request; larger plans read their parents' instances one by one and
         neither step aside nor count generations (they do not see their whole task). Airflow loads
-        each instance with its run's conf and decodes the conf once per instance: with a 500-node plan
-        in the conf, a full read took 11 s on a busy PostgreSQL (one instance's 30 ms); with a goal-only
-        conf, loading the 500 instances takes 20 ms (``bench/conf_decode.py``). One by one, a run's
-        state reads stay cheap whatever its conf holds.
+        each instance with its run's conf and decodes the conf once per instance, so a full read grows
+        with the plan's size times the conf's (``bench/conf_decode.py``); one by one, a run's state
+        reads stay cheap whatever its conf holds.
     :param make_way_first: the delay after a node's first make-way, doubling after each one ...
     :param make_way_max: ... up to this. Not less than 5 s: Airflow (3.3) fails a rescheduled instance
         that is queued again before the executor's report of its previous exit reaches the scheduler
