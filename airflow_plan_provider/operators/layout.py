@@ -120,8 +120,7 @@ def pull_records_at(ti: Any, at: Mapping[str, tuple[str, int]]) -> dict[str, Nod
     are ordered by map index, and a task has at most one record per index, so the first ``index + 1``
     records hold every record at or below ``index``); otherwise one request per wanted node (its
     instance's record): a slice would carry every record before the last wanted one, so what a node
-    reads would grow with the plan (in a 500-node plan a node read 360 KB of XCom, its parents'
-    records weigh a few KB).
+    reads would grow with the plan, where its parents' records weigh a few KB.
     """
     by_task: dict[str, dict[int, str]] = {}
     for node, (task_id, index) in at.items():

@@ -132,8 +132,7 @@ class SlotWait:
 
         The parents' checkpoints are looked at first: a node whose parents all saved their results in
         this run (the usual case once they have finished) starts on those, with no read of the run's
-        states and none of its parents' records from XCom (two to four requests to the API server per
-        node: ``bench/README.md``)."""
+        states and none of its parents' records from XCom (``docs/performance.md``)."""
         if not self.parent_ids:
             return Move(Wait.READY)
         if self.checkpoints and self._picked_up(self.parent_ids):
@@ -224,8 +223,7 @@ class SlotWait:
         its parents', its grandparents' and its own task's, in one request, which returns every
         instance of the tasks asked for; or, in a large plan, only the parents', one instance per
         request (Airflow's API server loads each instance as a full task-instance row, the run's conf
-        decoded with each: with a 500-node plan in the conf a read of all took 11 s on PostgreSQL and
-        stalled the run, one instance's 30 ms)."""
+        decoded with each, so a read of every instance grows with the plan twice over)."""
         ti = self.ti  # the Task SDK's RuntimeTaskInstanceProtocol: get_task_states is public
         if not self.one_by_one:
             task_ids = sorted({ti.task_id, *self.tasks, *self.grandparents})
