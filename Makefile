@@ -13,11 +13,14 @@ VENV := .venv-$(AIRFLOW_VERSION)
 AIRFLOW_CONSTRAINTS := $(wildcard constraints/airflow-$(word 1,$(subst ., ,$(AIRFLOW_VERSION))).$(word 2,$(subst ., ,$(AIRFLOW_VERSION))).txt)
 AIRFLOW_PIN := 'apache-airflow==$(AIRFLOW_VERSION)' $(addprefix -c ,$(AIRFLOW_CONSTRAINTS))
 endif
-# the older releases CI runs the in-process suite on (the main suite runs on the newest, in .venv)
+# the supported releases CI runs beside the main suite (which runs on the newest stable release, in .venv):
+# the older ones run OLDER_AIRFLOW_TESTS, the newest release line (a pre-release until its .0 is out) runs
+# every in-process test
 OLDER_AIRFLOW_VERSIONS ?= 3.1.8 3.2.2
+NEWEST_AIRFLOW_VERSION ?= 3.4.0b2
 # what test-inprocess runs: the tests that need no Airflow cluster
 INPROCESS_TESTS ?= tests/unit tests/airflow
-# what test-older-airflow runs on each (OLDER_AIRFLOW_TESTS="tests/unit tests/airflow" for all of it): the
+# what test-supported-airflow runs on each older release (OLDER_AIRFLOW_TESTS="tests/unit tests/airflow" for all of it): the
 # unit tests but the pure core's slowest (they import no Airflow: slot simulator, property tests, the CLI's
 # local runs, mypy), the seed story with its replan chain, approval, a frozen plan, the plan view's data,
 # and every test of a feature that differs between Airflow versions (retry policy, planning's kept plan,
@@ -37,13 +40,13 @@ OLDER_AIRFLOW_TESTS ?= tests/unit \
 	tests/airflow/test_dag_run.py::test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_retry_policies \
 	tests/airflow/test_events.py::test_node_outcomes_durations_and_tokens_reach_statsd \
 	tests/airflow/test_dag_version.py::test_example_dags_serialize_the_same_in_two_processes \
-	tests/airflow/test_provider.py
+	tests/airflow/test_provider.py tests/airflow/test_compat.py
 PY := $(VENV)/bin/python
 PORT ?= 8080
 # pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow lint bench airflow test-inprocess test-older-airflow older-airflow-venvs
+.PHONY: demo test test-slow lint bench airflow test-inprocess test-supported-airflow supported-airflow-venvs
 
 $(VENV)/.installed: pyproject.toml $(AIRFLOW_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -70,13 +73,15 @@ test-slow: $(VENV)/.installed
 test-inprocess: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10 $(INPROCESS_TESTS)
 
-test-older-airflow: older-airflow-venvs
+test-supported-airflow: supported-airflow-venvs
 	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
 		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
+	$(MAKE) test-inprocess AIRFLOW_VERSION=$(NEWEST_AIRFLOW_VERSION)
 
-# the older releases' virtual environments alone (CI builds them after the main suite, beside the slow tier)
-older-airflow-venvs:
-	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
+# the supported releases' virtual environments alone (CI builds them after the main suite, beside the slow
+# tier)
+supported-airflow-venvs:
+	set -e; for version in $(OLDER_AIRFLOW_VERSIONS) $(NEWEST_AIRFLOW_VERSION); do \
 		$(MAKE) .venv-$$version/.installed AIRFLOW_VERSION=$$version; done
 
 lint: $(VENV)/.installed

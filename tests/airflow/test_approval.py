@@ -339,6 +339,12 @@ def hitl_api() -> Any:
 
     app = FastAPI()
     app.include_router(public_router)
+    try:  # the routes read DAGs through the app's DAG bag, as in the API server (3.3 and later)
+        from airflow.api_fastapi.common.dagbag import create_dag_bag
+
+        app.state.dag_bag = create_dag_bag()
+    except ImportError:
+        pass
     manager = init_auth_manager(app)
     with TestClient(app) as client:
         yield client, manager
@@ -379,6 +385,13 @@ class Answer(threading.Thread):
         return True  # the request is recorded: the HITL trigger reads the answer from it
 
     def run(self) -> None:
+        try:
+            self.answer()
+        except Exception as error:  # the test fails naming it (the run itself ends by its own timeout)
+            self.problem = f"the answering user failed: {error!r}"
+            raise
+
+    def answer(self) -> None:
         deadline = time.monotonic() + REQUEST_WAIT
         while time.monotonic() < deadline:
             shown = self.client.get(self.path, headers=self.headers("alice"))
