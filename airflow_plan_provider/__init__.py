@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from airflow_plan_provider.tools.common_ai import common_ai_tools
     from airflow_plan_provider.tools.http import http_tool
     from airflow_plan_provider.tools.mcp import McpServer
-    from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolOrigin, ToolRegistry
+    from airflow_plan_provider.tools.registry import ToolRegistry
     from airflow_plan_provider.tools.sql import sql_tool
+    from airflow_plan_provider.tools.tool import Tool, ToolContext, ToolOrigin
 
 __version__ = "0.1.0"
 
@@ -67,9 +68,9 @@ _EXPORTS = {
     "Problem": "airflow_plan_provider.problems",
     "ReplanRequested": "airflow_plan_provider.exceptions",
     "SessionResult": "airflow_plan_provider.plan.result",
-    "Tool": "airflow_plan_provider.tools.registry",
-    "ToolContext": "airflow_plan_provider.tools.registry",
-    "ToolOrigin": "airflow_plan_provider.tools.registry",
+    "Tool": "airflow_plan_provider.tools.tool",
+    "ToolContext": "airflow_plan_provider.tools.tool",
+    "ToolOrigin": "airflow_plan_provider.tools.tool",
     "ToolRegistry": "airflow_plan_provider.tools.registry",
     "ToolSourceError": "airflow_plan_provider.exceptions",
     "TransientToolError": "airflow_plan_provider.exceptions",

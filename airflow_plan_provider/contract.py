@@ -41,13 +41,13 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.approval import Approval
-from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.model import Node, ValidatedPlan, node_and_parents
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import RunContext, SessionState
-from airflow_plan_provider.tools.registry import Tool
 from airflow_plan_provider.tools.sources import ToolSource
+from airflow_plan_provider.tools.tool import Tool
 
 # ------------------------------------------------------------------------------------------------ task ids
 

@@ -66,13 +66,13 @@ from airflow_plan_provider.settings import (
 )
 from airflow_plan_provider.tools.registry import (
     ALL_INSTALLED,
-    Tool,
     ToolRegistry,
     installed_registries,
     load_tools,
     missing_tools_message,
 )
 from airflow_plan_provider.tools.sources import ToolSource
+from airflow_plan_provider.tools.tool import Tool
 from airflow_plan_provider.trigger_form import plan_params as plan_params  # the form, where it was
 from airflow_plan_provider.trigger_form import tools_markdown as tools_markdown
 

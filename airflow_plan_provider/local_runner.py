@@ -65,7 +65,8 @@ from airflow_plan_provider.planners.base import Planner, plan_with_repairs, repl
 from airflow_plan_provider.problems import capped
 from airflow_plan_provider.settings import NodeExecution
 from airflow_plan_provider.tools.jobs import JobOutcome, poll_once
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import Tool, ToolContext
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())  # a library logs only where its user configured logging

@@ -125,8 +125,8 @@ def first_uses() -> None:
 
 def build_validators() -> int:
     """Build the validator and serializer of every model of the package (they are built on first use,
-    :mod:`~airflow_plan_provider.plan.base_model`); returns how many models there are."""
-    from airflow_plan_provider.plan.base_model import Model
+    :mod:`~airflow_plan_provider.base_model`); returns how many models there are."""
+    from airflow_plan_provider.base_model import Model
 
     models: list[type[Model]] = []
     pending: list[type[Model]] = [Model]

@@ -15,7 +15,8 @@ from typing import Any
 from airflow.sdk import Param
 
 from airflow_plan_provider.plan.budgets import Budgets
-from airflow_plan_provider.tools.registry import Tool, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import Tool
 
 #: JSON Schema types whose value a node usually takes from an earlier node's output.
 _STRUCTURED = frozenset({"object", "array"})

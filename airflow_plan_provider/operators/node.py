@@ -47,7 +47,8 @@ from airflow_plan_provider.plan.node_step import (
 from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, now
 from airflow_plan_provider.plan.session import LockedOutput, RunContext
 from airflow_plan_provider.settings import DEFAULT_SLOT_WAIT
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry, load_tools
+from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
+from airflow_plan_provider.tools.tool import Tool, ToolContext
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

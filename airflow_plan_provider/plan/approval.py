@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.model import Node, Plan
 
 ApprovalMode = Literal["risky", "always", "never"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field
 
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 
 
 class Budgets(Model):

@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_plan_provider.plan.model import Node
 from airflow_plan_provider.plan.references import MissingInput, resolve
-from airflow_plan_provider.tools.registry import Tool
+from airflow_plan_provider.tools.tool import Tool
 
 
 class CallRefused(ValueError):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import make_event
 from airflow_plan_provider.plan.model import ValidatedPlan

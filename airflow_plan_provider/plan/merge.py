@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import Field
 
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.exceptions import PlanValidationError
-from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.graph import node_sort_key
 from airflow_plan_provider.plan.model import Node, Plan
 from airflow_plan_provider.plan.validate import parse_plan

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.graph import run_order
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"

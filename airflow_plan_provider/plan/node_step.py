@@ -42,7 +42,7 @@ from airflow_plan_provider.plan.events import EventSource, make_event, outcome_e
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord, now, summarize
 from airflow_plan_provider.plan.session import LockedOutput, RunContext
-from airflow_plan_provider.tools.registry import Tool, ToolContext
+from airflow_plan_provider.tools.tool import Tool, ToolContext
 
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.jobs import JobOutcome

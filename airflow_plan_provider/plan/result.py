@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.approval import Approval
-from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.budgets import Usage
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.merge import PlanDiff

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.approval import Approval
-from airflow_plan_provider.plan.base_model import Model
 from airflow_plan_provider.plan.budgets import Budgets, Usage
 from airflow_plan_provider.plan.decisions import NodeStatus
 from airflow_plan_provider.plan.events import NODE_OUTCOMES, EventSource, in_order, make_event

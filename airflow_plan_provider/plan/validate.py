@@ -27,7 +27,7 @@ from airflow_plan_provider.plan.references import (
 from airflow_plan_provider.problems import Problem
 
 if TYPE_CHECKING:
-    from airflow_plan_provider.tools.registry import Tool
+    from airflow_plan_provider.tools.tool import Tool
 
 
 @dataclass(frozen=True)

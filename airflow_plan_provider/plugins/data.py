@@ -45,8 +45,8 @@ from airflow_plan_provider.plan.references import MissingInput, UnresolvedRefere
 from airflow_plan_provider.plan.result import summarize
 from airflow_plan_provider.plan.session import RunContext, replan_run_id
 from airflow_plan_provider.plugins.document import document_of
-from airflow_plan_provider.tools.registry import ToolOrigin
 from airflow_plan_provider.tools.sources import ToolListing, listing_of
+from airflow_plan_provider.tools.tool import ToolOrigin
 
 #: The XComs the view reads, as (task id, key); node records are every ``node`` XCom of the run.
 XCOM_KEYS: tuple[tuple[str, str], ...] = (

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested, TransientToolError
 from airflow_plan_provider.plan.model import Plan
 from airflow_plan_provider.tools.jobs import JobStatus
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import Tool, ToolContext
 
 if TYPE_CHECKING:  # the planners are not imported by a DAG file that only logs its tools' calls
     from airflow_plan_provider.planners.base import PlanRequest

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_plan_provider.tools.registry import Tool
+    from airflow_plan_provider.tools.tool import Tool
 
 COMPACT_DESCRIPTION_CHARS = 80
 FULL_DESCRIPTION_CHARS = 1_000

@@ -28,8 +28,8 @@ from typing import Any
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
 from airflow_plan_provider.tools.mcp import run_async
-from airflow_plan_provider.tools.registry import Tool, ToolOrigin
 from airflow_plan_provider.tools.sources import bounded_text
+from airflow_plan_provider.tools.tool import Tool, ToolOrigin
 
 MAX_ERROR_CHARS = 2000
 

@@ -46,7 +46,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolOrigin
+from airflow_plan_provider.tools.tool import Tool, ToolContext, ToolOrigin
 
 METHODS = ("GET", "HEAD", "DELETE", "POST", "PUT", "PATCH")
 BODY_METHODS = ("POST", "PUT", "PATCH")  # the other methods send params as the query string

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from airflow_plan_provider.exceptions import PermanentToolError, ToolSourceError, TransientToolError
 from airflow_plan_provider.tools.mcp_connection import McpConnection, read_connection
-from airflow_plan_provider.tools.registry import POOL_NAME, Tool, ToolContext, ToolOrigin
 from airflow_plan_provider.tools.sources import (
     ListedTool,
     SourceListing,
@@ -46,6 +45,7 @@ from airflow_plan_provider.tools.sources import (
     declared_names,
     schema_digest,
 )
+from airflow_plan_provider.tools.tool import POOL_NAME, Tool, ToolContext, ToolOrigin
 
 if TYPE_CHECKING:
     pass

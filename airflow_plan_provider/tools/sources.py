@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import ConfigDict, Field
 
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 
 if TYPE_CHECKING:
-    from airflow_plan_provider.tools.registry import Tool
+    from airflow_plan_provider.tools.tool import Tool
 
 
 def schema_digest(schema: Any) -> str:

@@ -39,8 +39,8 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
-from airflow_plan_provider.tools.registry import Tool, ToolOrigin
 from airflow_plan_provider.tools.sql_check import MAX_SQL_CHARS, TableName, check_query, parse_table
+from airflow_plan_provider.tools.tool import Tool, ToolOrigin
 
 DEFAULT_ROW_LIMIT = 1000
 DEFAULT_TIMEOUT = 30.0  # seconds a query may run (PostgreSQL's statement_timeout)

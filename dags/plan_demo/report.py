@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 
 
 def _cell(value: Any) -> str:

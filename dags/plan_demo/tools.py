@@ -20,7 +20,8 @@ from typing import Any
 from airflow_plan_provider.exceptions import PermanentToolError, ReplanRequested
 from airflow_plan_provider.plan.references import MissingInput
 from airflow_plan_provider.tools.mcp import McpServer
-from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import ToolContext
 from plan_demo import dataset
 from plan_demo.report import hour_spans, render_report
 

@@ -13,7 +13,8 @@ from airflow_plan_provider.exceptions import PermanentToolError, TransientToolEr
 from airflow_plan_provider.testing import ScriptedPlanner
 from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.tools.common_ai import common_ai_tools
-from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import ToolContext
 from harness.postgres import PostgresDatabase
 
 pytestmark = pytest.mark.airflow

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
 from airflow_plan_provider.tools.http import http_tool
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolOrigin
+from airflow_plan_provider.tools.tool import Tool, ToolContext, ToolOrigin
 
 CONN_ID = "plan_http_test"
 CTX = ToolContext(node_id="n1", idempotency_key="idem-123", attempt=2)

@@ -23,7 +23,7 @@ from airflow_plan_provider.contract import FINALIZE_TASK, NODE_KEY, NODES_TASK
 from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 from tests.airflow.support import task_states, xcom
 
 

@@ -26,7 +26,8 @@ from airflow_plan_provider.exceptions import PermanentToolError
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.tools.mcp import IDEMPOTENCY_META_KEY, McpServer
-from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import ToolContext
 from tests.airflow.support import run_xcoms, xcom
 
 pytestmark = pytest.mark.airflow

@@ -15,7 +15,8 @@ from airflow_plan_provider import NodeExecution
 from airflow_plan_provider.contract import BRIEFS_PER_XCOM, NODES_TASK, PLAN_TASK, briefs_key, mapped_label
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import _task_instances, run_plan_dag
-from airflow_plan_provider.tools.registry import ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import ToolContext
 from tests.airflow.support import xcom
 
 pytestmark = pytest.mark.airflow

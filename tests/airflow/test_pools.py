@@ -29,7 +29,7 @@ from airflow_plan_provider.plan.session import RunContext, SessionState
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 from airflow_plan_provider.testing.in_process import run_plan_dag, run_session
-from airflow_plan_provider.tools.registry import Tool
+from airflow_plan_provider.tools.tool import Tool
 from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, parent_states
 from tests.airflow.support import xcom
 

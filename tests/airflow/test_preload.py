@@ -27,7 +27,7 @@ PROBE = textwrap.dedent(
     from airflow_plan_provider import preload
 
     {load}
-    from airflow_plan_provider.plan.base_model import Model
+    from airflow_plan_provider.base_model import Model
 
     CONTRACT = "airflow_plan_provider.contract"
 

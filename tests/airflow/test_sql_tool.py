@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_plan_provider.exceptions import PermanentToolError, TransientToolError
-from airflow_plan_provider.tools.registry import ToolContext, ToolOrigin, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
 from airflow_plan_provider.tools.sql import sql_tool
 from airflow_plan_provider.tools.sql_check import check_query, parse_table
+from airflow_plan_provider.tools.tool import ToolContext, ToolOrigin
 
 psycopg = pytest.importorskip("psycopg")
 

@@ -26,7 +26,7 @@ from airflow_plan_provider.planners.base import LockedNode, PlanRequest
 from airflow_plan_provider.planners.static import StaticPlanner
 from airflow_plan_provider.planners.template import PlanRule, ReplanRule, TemplatePlanner
 from airflow_plan_provider.settings import NodeExecution
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 from plan_demo import dataset
 from plan_demo.planner import payment_latency_planner
 from plan_demo.tools import (

@@ -29,7 +29,8 @@ from airflow_plan_provider.plan.result import ArtifactRef, Event, NodeRecord
 from airflow_plan_provider.plan.session import LockedOutput, RunContext
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.tools.jobs import JobOutcome, JobStatus, poll_once
-from airflow_plan_provider.tools.registry import Tool, ToolContext, ToolRegistry
+from airflow_plan_provider.tools.registry import ToolRegistry
+from airflow_plan_provider.tools.tool import Tool, ToolContext
 
 SOURCE = EventSource("d", "r1", "r1", 0)
 SHA = "0" * 64

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 from plan_demo import dataset
 from plan_demo.tools import (
     analyze_correlation,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 import airflow_plan_provider
 from airflow_plan_provider import airflow_features
-from airflow_plan_provider.plan.base_model import Model
+from airflow_plan_provider.base_model import Model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,9 @@ from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.planners.llm_prompt import system_prompt
 from airflow_plan_provider.tools.mcp import McpServer
 from airflow_plan_provider.tools.mcp_connection import McpConnection
-from airflow_plan_provider.tools.registry import CATALOG_BUDGET, Tool, ToolRegistry
+from airflow_plan_provider.tools.registry import CATALOG_BUDGET, ToolRegistry
 from airflow_plan_provider.tools.sources import SourceListing, ToolListing
+from airflow_plan_provider.tools.tool import Tool
 
 SCHEMA = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
 

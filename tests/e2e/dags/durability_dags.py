@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow_plan_provider import Budgets, NodeExecution, PermanentToolError, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
 ASYNC_JOB_SECONDS = 20.0

@@ -26,7 +26,7 @@ from airflow_plan_provider import Budgets, ControlRetries, build_plan_dag
 from airflow_plan_provider.contract import FINALIZE_TASK
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.testing import CallLog, ScriptedTool, scripted_registry
-from airflow_plan_provider.tools.registry import ToolContext
+from airflow_plan_provider.tools.tool import ToolContext
 
 CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"
 DAG_ID = "e2e_lost_worker"
