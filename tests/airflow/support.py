@@ -61,3 +61,22 @@ def run_xcoms(dag_run: Any) -> dict[tuple[str, int, str], Any]:
     with create_session() as session:
         rows = session.query(XComModel).filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id).all()
         return {(row.task_id, row.map_index, row.key): XComModel.deserialize_value(row) for row in rows}
+
+
+def rendered_fields(dag_run: Any) -> dict[tuple[str, int], Any]:
+    """(task id, map index) → the rendered fields Airflow kept for each task instance of ``dag_run``: by
+    run and map index up to Airflow 3.3, by task instance (one row per try) from 3.4."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields as Rendered
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        if hasattr(Rendered, "dag_id"):
+            rows = session.query(Rendered).filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+            return {(row.task_id, row.map_index): row.rendered_fields for row in rows}
+        joined = (
+            session.query(TaskInstance.task_id, TaskInstance.map_index, Rendered.rendered_fields)
+            .join(Rendered, Rendered.task_instance_id == TaskInstance.id)
+            .filter(TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id)
+        )
+        return {(task_id, map_index): fields for task_id, map_index, fields in joined}

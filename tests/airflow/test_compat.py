@@ -158,11 +158,12 @@ def test_without_a_task_states_read_a_waiting_nodes_trigger_wakes_it_to_look_its
 ) -> None:
     import asyncio
 
+    from airflow_plan_provider.contract import NODES_TASK
     from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
 
     monkeypatch.setitem(sys.modules, "airflow.sdk.execution_time.task_runner", None)  # import fails
     assert compat.task_states_reader() is None
-    trigger = ParentsFinishedTrigger(dag_id="d", run_id="r", parents={"nodes": [0]}, poll_interval=0.01)
+    trigger = ParentsFinishedTrigger(dag_id="d", run_id="r", parents={NODES_TASK: [0]}, poll_interval=0.01)
 
     async def first_event() -> Any:
         async for event in trigger.run():

@@ -58,12 +58,11 @@ def test_a_node_task_maps_over_its_nodes_briefs_and_each_instance_shows_its_labe
         if ti.task_id == NODES_TASK
     }
     assert shown == dict(enumerate(labels))
-    from airflow.models.renderedtifields import RenderedTaskInstanceFields
-    from airflow.utils.session import create_session
+    from tests.airflow.support import rendered_fields
 
-    with create_session() as session:
-        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id)
-        rendered = {row.map_index: row.rendered_fields for row in rows if row.task_id == NODES_TASK}
+    rendered = {
+        index: fields for (task_id, index), fields in rendered_fields(run).items() if task_id == NODES_TASK
+    }
     assert rendered[1] == {"resolved_params": {"value": 2, "note": "{{ 6 * 7 }}"}}
 
 

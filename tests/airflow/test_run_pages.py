@@ -89,8 +89,7 @@ def test_a_failed_node_of_a_ready_plan_ends_the_session_with_its_error(tmp_path)
 
 
 def test_node_logs_tell_decision_params_duration_and_output_and_render_the_params(tmp_path, capfd):
-    from airflow.models.renderedtifields import RenderedTaskInstanceFields
-    from airflow.utils.session import create_session
+    from tests.airflow.support import rendered_fields
 
     log = CallLog(tmp_path)
     plan = seed_plan(optional_4_to_5=True)
@@ -109,9 +108,7 @@ def test_node_logs_tell_decision_params_duration_and_output_and_render_the_param
     assert re.search(r'node 5 params: \{"latency": \{"p99": 870\}, "logs": null\}', logs)
     assert re.search(r'node 6 succeeded in [\d.]+ s; output: \{"report":', logs)
 
-    with create_session() as session:
-        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=run.dag_id, run_id=run.run_id).all()
-        rendered = {(row.task_id, row.map_index): row.rendered_fields for row in rows}
+    rendered = rendered_fields(run)
     assert rendered[NODES_TASK, 0]["resolved_params"] == {"service": "payment-api", "token": "***"}
     assert rendered[NODES_TASK, 4]["resolved_params"] == {"latency": {"p99": 870}, "logs": None}
     # the one rendered field: nothing of the brief a node maps over is rendered or shown again
