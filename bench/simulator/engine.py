@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, lane_task_id
-from airflow_plan_provider.plan.waiting import Wait, WaitView
+from airflow_plan_provider.plan.waiting import Wait, WaitView, deferral_is_free
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
@@ -64,6 +64,7 @@ class Ti:
         "pace",
         "parents_left",
         "read_at",
+        "read_done",
         "reschedules",
         "run",
         "slot_since",
@@ -80,6 +81,7 @@ class Ti:
         self.state: str | None = None
         self.try_number, self.reschedules, self.token, self.wait_token = 1, 0, 0, 0
         self.began = self.read_at = self.origin = self.slot_since = 0.0
+        self.read_done = -1.0
         self.awaited: list[str] = []
         self.pace: float | None = None
         self.exited_at: float | None = None
@@ -568,6 +570,7 @@ class Simulation:
             rows=rows,
             pollers=pollers,
             checkpoints=self.checkpoints,
+            free_deferral=self._free_deferral(ti),
         )
         move = self.policy.next_move(view)
         moves = self.out.moves
@@ -604,6 +607,12 @@ class Simulation:
             self.set_state(ti, "up_for_reschedule")
             self._due(now + move.after, ti)
 
+    def _free_deferral(self, ti: Ti) -> bool:
+        """Whether ``ti`` deferred holds nothing another instance could wait for, as the node task tells
+        its waiting policy: the node tasks' cap cannot fill (the plan's size bounds each task's) and the
+        pools count no deferred instance. The same for every node of a run."""
+        return deferral_is_free(self.caps.task_cap, len(ti.run.plan.parents), self.caps.pool_counts_deferred)
+
     def _gave_back(self, ti: Ti) -> None:
         self.out.waiting += self.now - ti.began
         self.out.given_back += ti.began - ti.slot_since
@@ -637,7 +646,9 @@ class Simulation:
         if ti.token != token:
             return
         run = ti.run
-        kind = self.policy.trigger_move([run.tis[p].state for p in run.plan.parents[ti.node]])
+        ti.read_done = self.now
+        states = [run.tis[p].state for p in run.plan.parents[ti.node]]
+        kind = self.policy.trigger_move(states, self._free_deferral(ti))
         if kind is not None:
             self.set_state(ti, "scheduled")
         elif ti.origin < 0:  # its first read: from now on it reads every trigger_poll
@@ -652,6 +663,8 @@ class Simulation:
             return
         poll = self.policy.trigger_poll
         tick = ti.origin + math.ceil(max(0.0, self.now - ti.origin) / poll - 1e-9) * poll
+        if tick <= ti.read_done:  # the read of this instant is done already: the next one sees it
+            tick += poll
         if ti.read_at != tick:
             ti.read_at = tick
             self.at(tick, self._trigger, ti, ti.token)
