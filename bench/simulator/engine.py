@@ -217,6 +217,8 @@ class Simulation:
         run_gap: float = 0.0,
         quiet_bound: float | None = None,
         time_bound: float | None = None,
+        trigger_looks: bool = True,
+        resumed_first: bool = False,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -225,6 +227,9 @@ class Simulation:
             static,
             checkpoints,
         )
+        self.trigger_looks = trigger_looks  # False: a deferred node's trigger reads states only
+        # a node its trigger resumed goes before every node not yet resumed (a higher priority weight)
+        self.resumed_first = resumed_first
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
@@ -511,6 +516,10 @@ class Simulation:
             self.at(self.now + self.costs.finalize_task, self._task_end, ti, ti.token)
         elif ti.run.static or not ti.run.plan.parents[ti.node]:
             self._tool(ti)
+        elif self.checkpoints and all(p in ti.run.tool_done for p in ti.run.plan.parents[ti.node]):
+            # every parent saved its checkpoint in this run: the node starts on those, reading no state
+            ti.wait_token += 1
+            self.at(self.now + self.costs.checkpoint_read, self._picked_up, ti, ti.token, ti.wait_token)
         else:
             self._read(ti, ti.token)
 
@@ -650,13 +659,39 @@ class Simulation:
         states = [run.tis[p].state for p in run.plan.parents[ti.node]]
         kind = self.policy.trigger_move(states, self._free_deferral(ti))
         if kind is not None:
-            self.set_state(ti, "scheduled")
-        elif ti.origin < 0:  # its first read: from now on it reads every trigger_poll
+            self._resume(ti)
+            return
+        if ti.origin < 0:  # its first read: from now on it reads every trigger_poll
             ti.origin = self.now
             for parent in run.plan.parents[ti.node]:
                 watchers = run.trigger_watchers.setdefault(parent, [])
                 if ti not in watchers:
                     watchers.append(ti)
+        ti.pace = None
+        if self.checkpoints and self.trigger_looks and self.policy.trigger_watches(states):
+            ti.pace = self.policy.checkpoint_poll
+            ti.awaited = [p for p in run.plan.parents[ti.node] if run.tis[p].state not in FINISHED]
+            self._trigger_look(ti)
+
+    def _trigger_look(self, ti: Ti) -> None:
+        """A deferred node's trigger that saw every unfinished parent running looks for their
+        checkpoints every ``checkpoint_poll`` seconds from its read: once every one of them saved its
+        result, the node resumes (``trigger_watches``)."""
+        if ti.state != "deferred" or ti.pace is None or not all(p in ti.run.tool_done for p in ti.awaited):
+            return
+        ticks = math.ceil(max(0.0, self.now - ti.read_done) / ti.pace - 1e-9)
+        when = ti.read_done + ticks * ti.pace + self.costs.checkpoint_read
+        self.at(when, self._trigger_found, ti, ti.token)
+
+    def _trigger_found(self, ti: Ti, token: int) -> None:
+        if ti.token == token and ti.state == "deferred":
+            self.out.moves["trigger_checkpoint"] = self.out.moves.get("trigger_checkpoint", 0) + 1
+            self._resume(ti)
+
+    def _resume(self, ti: Ti) -> None:
+        if self.resumed_first and ti.key[0] > -(10**6):
+            ti.key = (ti.key[0] - 10**6, *ti.key[1:])  # type: ignore[assignment]
+        self.set_state(ti, "scheduled")
 
     def _trigger_tick(self, ti: Ti) -> None:
         if ti.state != "deferred" or ti.origin < 0:
@@ -693,6 +728,9 @@ class Simulation:
         for watcher in run.watchers.pop(ti.node, []):
             if ti.node in watcher.awaited:
                 self._look_for_checkpoints(watcher)
+        for watcher in run.trigger_watchers.get(ti.node, ()):
+            if ti.node in watcher.awaited:
+                self._trigger_look(watcher)
         self.cpu.submit(self.costs.end_cpu, self._task_end, ti, ti.token)
 
     def _tool_failed(self, ti: Ti, token: int) -> None:

@@ -32,6 +32,8 @@ class Policy(Protocol):
 
     def reads_one_by_one(self, plan_size: int) -> bool: ...
 
+    def trigger_watches(self, states: Iterable[str | None]) -> bool: ...
+
 
 @dataclass(frozen=True)
 class NeverLetGo:
@@ -59,3 +61,6 @@ class NeverLetGo:
 
     def reads_one_by_one(self, plan_size: int) -> bool:
         return self.inner.reads_one_by_one(plan_size)
+
+    def trigger_watches(self, states: Iterable[str | None]) -> bool:
+        return self.inner.trigger_watches(states)

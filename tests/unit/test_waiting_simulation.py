@@ -135,3 +135,16 @@ def test_plan_families_finish_at_every_cap() -> None:
                     if out.deadlock or out.finished != out.nodes:
                         stuck.append((plan.name, static, out.deadlock))
     assert stuck == []
+
+
+def test_a_deferred_nodes_trigger_looks_for_its_running_parents_checkpoints() -> None:
+    """A child deferred on a parent whose tool outlasts slot_wait resumes when the parent's checkpoint
+    is saved (``WaitingPolicy.trigger_watches``), before the parent's task ends and the trigger's next
+    state read; without the looks (states only) it resumes later. Simulated time: deterministic."""
+    plan = SimPlan({"p": [], "c": ["p"]}, {"p": 40.0, "c": 1.0})
+    policy = WaitingPolicy(slot_wait=5.0)
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    looking = simulate(plan, policy, caps, CALIBRATED)
+    reading = simulate(plan, policy, caps, CALIBRATED, trigger_looks=False)
+    assert looking.moves.get("trigger_checkpoint") == 1 and "trigger_checkpoint" not in reading.moves
+    assert looking.handoff < reading.handoff
