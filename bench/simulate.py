@@ -15,6 +15,11 @@ Run (from the repository root; no Airflow is started)::
     python bench/simulate.py --calibrate     # fit the costs to the measured figures (a few minutes)
     python bench/simulate.py --families 1000 [--json bench/results/DATE-families-sim.json]
     python bench/simulate.py --families 300 --mechanisms [--json FILE]
+    python bench/simulate.py --heldout [--measured plan_dags.json ...] [--json FILE]   # a few minutes
+
+``--heldout``: the costs fitted to some bench plans only, the others predicted, and generated plans
+measured on a real Airflow (``plan_dags.py --family ... --json``) predicted too
+(:mod:`bench.simulator.heldout`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
-from bench.simulator import families
+from bench.simulator import families, heldout
 from bench.simulator.calibrate import calibrate, figures
 from bench.simulator.engine import simulate
 from bench.simulator.model import CALIBRATED, list_scheduling_bound
@@ -108,9 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         "--mechanisms", action="store_true", help="with --families: try each hand-off variant"
     )
     parser.add_argument("--json", type=Path, help="with --families: write the figures (bench/results schema)")
+    parser.add_argument("--heldout", action="store_true", help="prediction error on plans not fitted to")
+    parser.add_argument("--measured", type=Path, nargs="*", default=[], help="plan_dags.py --json files")
     args = parser.parse_args(argv)
     if args.families:
         return run_families(args)
+    if args.heldout:
+        return run_heldout(args)
     if args.calibrate:
         best, (worst, squares) = calibrate(CALIBRATED)
         print("Costs(" + ", ".join(f"{f.name}={getattr(best, f.name)!r}" for f in fields(best)) + ")")
@@ -184,6 +193,36 @@ def run_families(args: argparse.Namespace) -> int:
             note=f"{args.families} plans, families and caps 1-32 in turn, seed {args.seed}",
         )
     return 0 if groups["all"]["deadlocks"] == 0 else 1
+
+
+def run_heldout(args: argparse.Namespace) -> int:
+    """``--heldout``: print the prediction errors, write ``--json``."""
+    result = heldout.report(args.measured)
+    heldout.print_report(result)
+    if args.json:
+        groups = {name: heldout.summary(rows) for name, rows in result.items()}
+        met = all(
+            g.get("worst_makespan_error", 0) <= 0.05 and g.get("worst_ratio_error", 0) <= 0.03
+            for g in groups.values()
+        )
+        headline = "; ".join(
+            f"{name}: worst makespan error {g['worst_makespan_error']:.1%}"
+            f" (median {g['median_makespan_error']:.1%}),"
+            f" worst ratio error {g.get('worst_ratio_error', 0):.3f}"
+            for name, g in groups.items()
+        )
+        write_result(
+            args.json,
+            question="heldout-sim",
+            title="Simulator prediction error on plans its costs were not fitted to",
+            command="python bench/simulate.py --heldout" + "".join(f" --measured {p}" for p in args.measured),
+            headline=headline,
+            figures={"summary": groups, **result},
+            target="makespan within 5 %, ratio to static within 0.03",
+            met=met,
+            note="bench plans: each predicted by costs fitted to the others (best of three starts)",
+        )
+    return 0
 
 
 def write_result(path: Path, **fields_: object) -> None:

@@ -211,6 +211,24 @@ class FarDefers:
         return move
 
 
+@dataclass(frozen=True)
+class AlwaysMakeWay:
+    """``inner`` as if no deferral were free: a node whose parent needs a slot makes way, and a trigger
+    releases its node when a parent needs one, whatever the caps."""
+
+    inner: WaitingPolicy = WaitingPolicy()  # noqa: RUF009  # frozen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def next_move(self, view: WaitView) -> Move:
+        return self.inner.next_move(replace(view, free_deferral=False))
+
+    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
+        return self.inner.trigger_move(states)
+
+
+MECHANISMS["make way, no free deferral"] = (AlwaysMakeWay, lambda c: c, {})
 MECHANISMS["far nodes defer at once"] = (FarDefers, lambda c: c, {})
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
