@@ -16,6 +16,7 @@ Run (from the repository root; no Airflow is started)::
     python bench/simulate.py --families 1000 [--json bench/results/DATE-families-sim.json]
     python bench/simulate.py --families 300 --mechanisms [--json FILE]
     python bench/simulate.py --heldout [--measured plan_dags.json ...] [--json FILE]   # a few minutes
+    python bench/simulate.py --sessions [--json FILE]   # concurrent_runs.py's batch, simulated
 
 ``--heldout``: the costs fitted to some bench plans only, the others predicted, and generated plans
 measured on a real Airflow (``plan_dags.py --family ... --json``) predicted too
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "--mechanisms", action="store_true", help="with --families: try each hand-off variant"
     )
     parser.add_argument("--json", type=Path, help="with --families: write the figures (bench/results schema)")
+    parser.add_argument("--sessions", action="store_true", help="20 sessions x 20 nodes in a pool of 8")
     parser.add_argument("--heldout", action="store_true", help="prediction error on plans not fitted to")
     parser.add_argument("--measured", type=Path, nargs="*", default=[], help="plan_dags.py --json files")
     args = parser.parse_args(argv)
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_families(args)
     if args.heldout:
         return run_heldout(args)
+    if args.sessions:
+        return run_sessions(args)
     if args.calibrate:
         best, (worst, squares) = calibrate(CALIBRATED)
         print("Costs(" + ", ".join(f"{f.name}={getattr(best, f.name)!r}" for f in fields(best)) + ")")
@@ -193,6 +197,38 @@ def run_families(args: argparse.Namespace) -> int:
             note=f"{args.families} plans, families and caps 1-32 in turn, seed {args.seed}",
         )
     return 0 if groups["all"]["deadlocks"] == 0 else 1
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    """``--sessions``: concurrent_runs.py's batch simulated, plan DAG and static DAG."""
+    figures_ = families.sessions()
+    plan, static = figures_["plan"], figures_["static"]
+    print("20 sessions x 20 nodes (4 layers of 5, 1 s tools), node pool of 8, parallelism 16, simulated")
+    print(f"{'':<8}{'latency p50 s':>14}{'p95 s':>8}{'nodes/min':>11}")
+    for kind, f in figures_.items():
+        print(f"{kind:<8}{f['p50']:>14.1f}{f['p95']:>8.1f}{f['nodes_per_min']:>11.1f}")
+    throughput = plan["nodes_per_min"] / static["nodes_per_min"]
+    p50, p95 = plan["p50"] / static["p50"], plan["p95"] / static["p95"]
+    print(f"plan / static: throughput {throughput:.2f}, latency p50 {p50:.2f}, p95 {p95:.2f}")
+    if args.json:
+        write_result(
+            args.json,
+            question="sessions-sim",
+            title="20 sessions sharing a pool of 8, simulated: throughput and per-session latency",
+            command="python bench/simulate.py --sessions",
+            headline=f"throughput {throughput:.2f} x static; latency p50 {p50:.2f} x, p95 {p95:.2f} x",
+            figures={
+                "throughput_ratio": round(throughput, 3),
+                "p50_ratio": round(p50, 3),
+                "p95_ratio": round(p95, 3),
+                **figures_,
+            },
+            target="throughput >= 0.95 x static; latency p50, p95 <= 1.1 x static",
+            met=throughput >= 0.95 and p50 <= 1.1 and p95 <= 1.1,
+            note="the model orders every run's instances by logical date (runs in turn), as Airflow does"
+            " for runs with distinct logical dates",
+        )
+    return 0
 
 
 def run_heldout(args: argparse.Namespace) -> int:

@@ -236,3 +236,39 @@ for _most in (200, 300, 600):
         lambda c: c,
         {},
     )
+
+
+def sessions(
+    runs: int = 20, slots: int = 8, policy: Policy | None = None, costs: Costs = CALIBRATED, **options: Any
+) -> dict[str, dict[str, float]]:
+    """``concurrent_runs.py``'s batch in the simulator: ``runs`` sessions of the 20-node plan (4 layers
+    of 5, node i of layer k needs nodes i and i+1 of layer k-1, tools 1 s) triggered at once, node
+    instances sharing a pool of ``slots`` (deferred instances not counted), parallelism 16, node task
+    cap above it; then the same as static DAG runs. Per DAG: each session's latency (trigger → end)
+    p50 and p95, and the batch's throughput (nodes per minute, first start → last end)."""
+    from bench.simulator.engine import Simulation
+    from bench.simulator.model import Caps, SimPlan
+
+    parents: dict[str, list[str]] = {}
+    for layer in range(4):
+        for i in range(5):
+            node = f"{layer}-{i}"
+            parents[node] = [f"{layer - 1}-{j}" for j in (i, i + 1) if layer and j < 5]
+    plan = SimPlan(parents, dict.fromkeys(parents, 1.0))
+    caps = Caps(task_cap=20, dag_cap=16, parallelism=16, pool=slots)
+    out = {}
+    for kind in ("plan", "static"):
+        sim = Simulation(
+            [plan] * runs, policy or WaitingPolicy(), caps, costs, static=kind == "static", **options
+        )
+        result = sim.run()
+        latencies = sorted(r.end - r.trigger_at for r in sim.runs if r.end is not None)
+        first = min(r.start for r in sim.runs if r.start is not None)
+        last = max(r.end for r in sim.runs if r.end is not None)
+        out[kind] = {
+            "p50": round(statistics.median(latencies), 1),
+            "p95": round(quantile(latencies, 0.95), 1),
+            "nodes_per_min": round(60 * len(parents) * runs / (last - first), 1),
+            "deadlock": result.deadlock,
+        }
+    return out
