@@ -200,33 +200,48 @@ def run_families(args: argparse.Namespace) -> int:
 
 
 def run_sessions(args: argparse.Namespace) -> int:
-    """``--sessions``: concurrent_runs.py's batch simulated, plan DAG and static DAG."""
-    figures_ = families.sessions()
-    plan, static = figures_["plan"], figures_["static"]
+    """``--sessions``: concurrent_runs.py's batch simulated, plan DAG and static DAG, with and without
+    logical dates, and with the plan DAG's nodes weighted by their run (earlier runs first)."""
+    variants: dict[str, dict[str, bool]] = {
+        "runs with logical dates": {},
+        "runs without (as the bench triggers them)": {"undated": True},
+        "without, plan nodes weighted by run": {"undated": True, "earlier_first": True},
+    }
     print("20 sessions x 20 nodes (4 layers of 5, 1 s tools), node pool of 8, parallelism 16, simulated")
-    print(f"{'':<8}{'latency p50 s':>14}{'p95 s':>8}{'nodes/min':>11}")
-    for kind, f in figures_.items():
-        print(f"{kind:<8}{f['p50']:>14.1f}{f['p95']:>8.1f}{f['nodes_per_min']:>11.1f}")
-    throughput = plan["nodes_per_min"] / static["nodes_per_min"]
-    p50, p95 = plan["p50"] / static["p50"], plan["p95"] / static["p95"]
-    print(f"plan / static: throughput {throughput:.2f}, latency p50 {p50:.2f}, p95 {p95:.2f}")
+    print(f"{'':<44}{'DAG':<8}{'latency p50 s':>14}{'p95 s':>8}{'nodes/min':>11}")
+    results = {}
+    for name, options in variants.items():
+        figures_ = families.sessions(**options)
+        plan, static = figures_["plan"], figures_["static"]
+        for kind, f in figures_.items():
+            label = name if kind == "plan" else ""
+            print(f"{label:<44}{kind:<8}{f['p50']:>14.1f}{f['p95']:>8.1f}{f['nodes_per_min']:>11.1f}")
+        ratios = {
+            "throughput": round(plan["nodes_per_min"] / static["nodes_per_min"], 3),
+            "p50": round(plan["p50"] / static["p50"], 3),
+            "p95": round(plan["p95"] / static["p95"], 3),
+        }
+        print(
+            f"{'':<44}plan / static: throughput {ratios['throughput']:.2f},"
+            f" latency p50 {ratios['p50']:.2f}, p95 {ratios['p95']:.2f}"
+        )
+        results[name] = {"ratios": ratios, **figures_}
     if args.json:
+        today = results["runs without (as the bench triggers them)"]["ratios"]
+        weighted = results["without, plan nodes weighted by run"]["ratios"]
         write_result(
             args.json,
             question="sessions-sim",
             title="20 sessions sharing a pool of 8, simulated: throughput and per-session latency",
             command="python bench/simulate.py --sessions",
-            headline=f"throughput {throughput:.2f} x static; latency p50 {p50:.2f} x, p95 {p95:.2f} x",
-            figures={
-                "throughput_ratio": round(throughput, 3),
-                "p50_ratio": round(p50, 3),
-                "p95_ratio": round(p95, 3),
-                **figures_,
-            },
+            headline=f"undated runs: throughput {today['throughput']:.2f} x static, latency p50"
+            f" {today['p50']:.2f} x, p95 {today['p95']:.2f} x; nodes weighted by run:"
+            f" {weighted['throughput']:.2f} x, p50 {weighted['p50']:.2f} x, p95 {weighted['p95']:.2f} x",
+            figures=results,
             target="throughput >= 0.95 x static; latency p50, p95 <= 1.1 x static",
-            met=throughput >= 0.95 and p50 <= 1.1 and p95 <= 1.1,
-            note="the model orders every run's instances by logical date (runs in turn), as Airflow does"
-            " for runs with distinct logical dates",
+            met=today["throughput"] >= 0.95 and today["p50"] <= 1.1 and today["p95"] <= 1.1,
+            note="undated: runs without a logical date, as the bench triggers them; 'weighted by run' is a"
+            " simulated mechanism (a per-instance priority weight), not in the package",
         )
     return 0
 

@@ -219,6 +219,8 @@ class Simulation:
         time_bound: float | None = None,
         trigger_looks: bool = True,
         resumed_first: bool = False,
+        runs_undated: bool = False,
+        earlier_runs_first: bool = False,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -230,6 +232,9 @@ class Simulation:
         self.trigger_looks = trigger_looks  # False: a deferred node's trigger reads states only
         # a node its trigger resumed goes before every node not yet resumed (a higher priority weight)
         self.resumed_first = resumed_first
+        # runs without a logical date (the scheduler's order then falls to the map index); node
+        # instances weighted by their run's creation, earlier runs first
+        self.runs_undated, self.earlier_runs_first = runs_undated, earlier_runs_first
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
@@ -433,6 +438,10 @@ class Simulation:
         for task, nodes in run.tasks.items():
             for index, node in enumerate(nodes):
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
+                if self.runs_undated:  # no logical date: the runs' instances interleave by map index
+                    ti.key = (ti.key[0], 0, index, task, run.index)  # type: ignore[assignment]
+                if self.earlier_runs_first:  # a weight that falls with the run's creation
+                    ti.key = (ti.key[0] - 10**4 * (len(self.runs) - run.index), *ti.key[1:])  # type: ignore[assignment]
                 ti.parents_left = len(run.plan.parents[node])
         for node, ti in run.tis.items():
             if node in (PLAN_TASK, FINALIZE_TASK):
