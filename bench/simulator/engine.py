@@ -14,7 +14,11 @@ run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/sche
   loop: read the states (CPU), ask the policy (:mod:`bench.simulator.policy`), then wait in the slot
   (reading again, or picking its running parents' checkpoints up), defer (its trigger polls on the
   triggerer), step aside (defer), make way (``up_for_reschedule``, scheduled again after the delay), or
-  run its tool; after the tool, the record push and task end (CPU) free the slot;
+  run its tool; after the tool, the record push and task end (CPU) free the slot; a node whose parents
+  all saved their checkpoints starts on those without a state read;
+- a deferred node's trigger: a state read every ``trigger_poll`` (the first ``trigger_pickup`` after
+  the deferral) and, while every unfinished parent runs, a look for their checkpoints every
+  ``checkpoint_poll`` in between (``WaitingPolicy.trigger_watches``): all saved, the node resumes;
 - a tool that fails transiently: ``up_for_retry``, scheduled again ``retry_delay`` later, until its
   retries are spent (then ``failed``, and its children skip);
 - apache/airflow#71172: an instance rescheduled and queued again before the executor's report of its
@@ -22,7 +26,8 @@ run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/sche
 - CPU work (process starts, state reads, task ends, scheduler loops) shared by every process on
   ``cores`` cores (processor sharing), or, with ``cores`` = 0, each part taking its own time.
 
-What it simplifies is listed in ``bench/README.md`` ("Simulator").
+What it simplifies is listed in ``bench/README.md`` ("Simulator"), but for the trigger's checkpoint
+looks, modelled as above (a look costs ``checkpoint_read`` seconds and no CPU).
 """
 
 from __future__ import annotations
