@@ -276,8 +276,28 @@ def run_heldout(args: argparse.Namespace) -> int:
     return 0
 
 
+def flat(figures_: object, prefix: str = "") -> dict[str, object]:
+    """``figures_`` (nested dicts and lists of rows with a ``plan``) as one level of ``name: value``,
+    the names joined by ``_`` in lower case, for ``bench/results/``'s ``figures``."""
+    import re
+
+    out: dict[str, object] = {}
+    if isinstance(figures_, dict):
+        items = list(figures_.items())
+    elif isinstance(figures_, list):
+        items = [(row.get("plan", str(i)), row) for i, row in enumerate(figures_)]
+    else:
+        return {prefix.rstrip("_"): figures_}
+    for key, value in items:
+        if key == "plan" and not isinstance(value, dict | list):
+            continue
+        name = re.sub(r"[^a-z0-9.]+", "_", str(key).lower()).strip("_")
+        out |= flat(value, f"{prefix}{name}_")
+    return out
+
+
 def write_result(path: Path, **fields_: object) -> None:
-    """One measurement in ``bench/results/``'s schema."""
+    """One measurement in ``bench/results/``'s schema (``figures`` flattened: :func:`flat`)."""
     import json
     import subprocess
     import time
@@ -294,13 +314,13 @@ def write_result(path: Path, **fields_: object) -> None:
         "machine": "2 cores, simulator",
         "commit": commit,
         "headline": fields_["headline"],
-        "figures": fields_["figures"],
+        "figures": flat(fields_["figures"]),
         "target": fields_["target"],
         "met": fields_["met"],
         "note": fields_["note"],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
