@@ -41,8 +41,8 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    progress (its tool, or its own bounded wait) and so does not depend on the waiter's slot.
 3. A deferred node holds its task's cap only while its parents have started: the trigger releases it
    (``MAKE_WAY``) as soon as one goes back to waiting for a slot (a retry), and the node then makes way.
-   A node with a free deferral holds no cap an instance could wait for (its task's cap is above the
-   task's instances, its pool counts no deferred instance), so it waits on the triggerer throughout.
+   A node with a free deferral holds no cap an instance could wait for (its task's cap is at least the
+   plan's size, its pool counts no deferred instance), so it waits on the triggerer throughout.
    Deferrals are free for every node of a run or for none (one ``max_active_nodes`` for every node
    task, bounded by the plan's size; one setting for the pools), so no node holds a cap while deferred
    on a parent that waits on the triggerer for a slot of its own ancestor.
@@ -57,8 +57,9 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
 5. Across the tasks of pooled lanes the scheduler's order is the map index of each task, not the
    plan's order, so under a cap the tasks share (the DAG's ``max_active_tasks``, parallelism) an
    instance of one lane that cannot run yet may get a freed slot before ``u``. With free deferrals it
-   does so at most once per try and per parent slot wait (it defers, and comes back only once its
-   parents finished, to run), so such slots are finitely many and ``u`` gets one. A node that makes
+   does so at most once per try of its own (it defers, and its trigger resumes it only once its
+   parents finished or saved their checkpoints: to run), so such slots are finitely many and ``u``
+   gets one. A node that makes
    way comes back after each delay instead, without bound: with a shared cap of 1 and lanes whose
    task cap can fill or whose pools count deferred instances, nodes that make way again and again can
    take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps the case visible).
