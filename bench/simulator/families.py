@@ -286,3 +286,26 @@ def sessions(
             "deadlock": result.deadlock,
         }
     return out
+
+
+@dataclass(frozen=True)
+class DeferWhenContended:
+    """``inner``, but a node that would wait in its slot defers at once while an instance of its task
+    waits for a slot (the slot is contended: a static DAG would give it to a ready task), once its
+    deferral is free; it waits in the slot only while no instance of its task lacks one."""
+
+    inner: WaitingPolicy = WaitingPolicy()  # noqa: RUF009  # frozen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def next_move(self, view: WaitView) -> Move:
+        move = self.inner.next_move(view)
+        if move.kind is not Wait.WAIT or not view.complete or not view.free_deferral:
+            return move
+        if any(view.state_of(n) in (None, "scheduled") for n in view.queue if n != view.node):
+            return Move(Wait.DEFER)
+        return move
+
+
+MECHANISMS["defer at once while a slot is contended"] = (DeferWhenContended, lambda c: c, {})
