@@ -285,7 +285,10 @@ def flat(figures_: object, prefix: str = "") -> dict[str, object]:
     if isinstance(figures_, dict):
         items = list(figures_.items())
     elif isinstance(figures_, list):
-        items = [(row.get("plan", str(i)), row) for i, row in enumerate(figures_)]
+        items = [
+            (row.get("plan", str(i)) if isinstance(row, dict) else str(i), row)
+            for i, row in enumerate(figures_)
+        ]
     else:
         return {prefix.rstrip("_"): figures_}
     for key, value in items:
