@@ -66,6 +66,11 @@ class NodeExecution:
         pool wins for its nodes).
     :param slot_wait: how long a node whose parents are running waits for them in its slot (polling
         their states) before it waits on the triggerer instead.
+    :param pools_count_deferred: whether a pool the node tasks run in (``pool``, a tool's pool) counts
+        deferred task instances (Airflow's pool ``include_deferred``; False is Airflow's default). While
+        no pool counts them and ``max_active_nodes`` is None or at least the plan's size, a node whose
+        parent waits for a slot waits for it on the triggerer, holding nothing, instead of making way
+        (:mod:`airflow_plan_provider.plan.waiting`).
 
     >>> NodeExecution(retries=-1)
     Traceback (most recent call last):
@@ -81,6 +86,7 @@ class NodeExecution:
     max_active_nodes: int | None = 5
     pool: str | None = None
     slot_wait: timedelta = DEFAULT_SLOT_WAIT
+    pools_count_deferred: bool = False
 
     def __post_init__(self) -> None:
         _count("NodeExecution", "retries", self.retries, 0)
@@ -89,6 +95,10 @@ class NodeExecution:
         _duration("NodeExecution", "max_retry_delay", self.max_retry_delay)
         _duration("NodeExecution", "timeout", self.timeout, optional=True, positive=True)
         _duration("NodeExecution", "slot_wait", self.slot_wait)
+        if not isinstance(self.pools_count_deferred, bool):
+            raise ValueError(
+                f"NodeExecution.pools_count_deferred must be a bool, got {self.pools_count_deferred!r}"
+            )
         backoff = self.retry_exponential_backoff
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
             raise ValueError(
@@ -107,6 +117,7 @@ class NodeExecution:
             "execution_timeout": self.timeout,
             "max_active_tis_per_dagrun": self.max_active_nodes,
             "slot_wait": self.slot_wait.total_seconds(),
+            "pools_count_deferred": self.pools_count_deferred,
         }
         if self.pool:
             kwargs["pool"] = self.pool
@@ -239,6 +250,7 @@ OWNED_OPERATOR_ARGS: dict[str, str] = {
     "pool": "NodeExecution(pool=...), or a tool's own pool=",
     "pool_slots": "a tool's own pool_slots=",
     "slot_wait": "NodeExecution(slot_wait=...)",
+    "pools_count_deferred": "NodeExecution(pools_count_deferred=...)",
 }
 
 

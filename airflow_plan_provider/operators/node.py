@@ -253,11 +253,13 @@ class PlanNodeOperator(BaseOperator):
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
         checkpoints: bool = True,
         slot_wait: float = DEFAULT_SLOT_WAIT.total_seconds(),
+        pools_count_deferred: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.checkpoints = checkpoints
         self.slot_wait = slot_wait
+        self.pools_count_deferred = pools_count_deferred
         self.plan_node = plan_node
         self.tools = tools
         self.artifact_store = artifact_store
@@ -417,6 +419,7 @@ class PlanNodeOperator(BaseOperator):
             checkpoints=self.checkpoints,
             made_way=int(context.get("task_reschedule_count") or 0),
             task_cap=self.max_active_tis_per_dagrun,
+            pools_count_deferred=self.pools_count_deferred,
             checkpoint_keys={p.id: run.key(run.plan.node(p.id)) for p in run.brief.parents}
             if self.checkpoints
             else {},

@@ -18,7 +18,7 @@ from airflow_plan_provider.operators.layout import group_prefix
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import RunContext
-from airflow_plan_provider.plan.waiting import FINISHED, Move, Wait, WaitingPolicy, WaitView
+from airflow_plan_provider.plan.waiting import FINISHED, Move, Wait, WaitingPolicy, WaitView, deferral_is_free
 from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
 
 
@@ -39,6 +39,10 @@ class SlotWait:
         metadata database), so the node starts without waiting for those.
     :param made_way: how many times the node made way already (Airflow's reschedule count).
     :param task_cap: the node task's ``max_active_tis_per_dagrun``.
+    :param pools_count_deferred: whether the node task's pool counts deferred instances
+        (``NodeExecution.pools_count_deferred``); with ``task_cap``, whether the node, deferred, holds
+        nothing (:func:`~airflow_plan_provider.plan.waiting.deferral_is_free`; the plan's size bounds
+        its task's).
     :param checkpoint_keys: each parent → the key of its checkpoint, for the trigger to look for them
         while the node is deferred (empty when the DAG keeps no checkpoints).
     :param artifact_store: the store the checkpoints are in (None: the default store).
@@ -54,6 +58,7 @@ class SlotWait:
     checkpoints: bool = True
     made_way: int = 0
     task_cap: int | None = None
+    pools_count_deferred: bool = False
     checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
     artifact_store: str | None = None
     sleep: Callable[[float], None] = time.sleep
@@ -67,6 +72,7 @@ class SlotWait:
         self.tasks = self._where(self.parent_ids)
         self.grandparents = self._where(sorted({g for gs in brief.grandparents.values() for g in gs}))
         self.one_by_one = self.policy.reads_one_by_one(brief.plan_size)
+        self.free_deferral = deferral_is_free(self.task_cap, brief.plan_size, self.pools_count_deferred)
         near = {self.node_id: self.parent_ids, **{p: brief.grandparents.get(p, []) for p in self.parent_ids}}
         #: node id -> its task instance's key in a read (Airflow's ``<task id>_<map index>``)
         keys = {
@@ -124,6 +130,7 @@ class SlotWait:
             poll_interval=self.policy.trigger_poll,
             checkpoints=checkpoints,
             artifact_store=self.artifact_store,
+            free_deferral=self.free_deferral,
         )
 
     def wait(self) -> Move:
@@ -209,6 +216,7 @@ class SlotWait:
             rows=len(states),
             pollers=sum(state == "running" for state in states.values()),
             checkpoints=self.checkpoints,
+            free_deferral=self.free_deferral,
         )
 
     def _read(self) -> dict[str, Any]:

@@ -18,7 +18,9 @@ instance states of its parents (and their parents) and asks :meth:`WaitingPolicy
   DAG's ``max_active_tasks``, a pool or the executor's parallelism that stepping aside frees.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
   needs a slot, so give this one back (the node reschedules itself) and look again after ``Move.after``
-  seconds (:meth:`WaitingPolicy.make_way_delay`).
+  seconds (:meth:`WaitingPolicy.make_way_delay`). A node whose deferral holds nothing
+  (``WaitView.free_deferral``: its task's cap cannot fill, its pool counts no deferred instance) defers
+  instead, and its trigger waits for that parent too.
 
 A deferred node's trigger asks :meth:`WaitingPolicy.trigger_move` after each read: ``READY`` and
 ``MAKE_WAY`` end the deferral (the node resumes and asks :meth:`~WaitingPolicy.next_move` again); None
@@ -39,6 +41,11 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    progress (its tool, or its own bounded wait) and so does not depend on the waiter's slot.
 3. A deferred node holds its task's cap only while its parents have started: the trigger releases it
    (``MAKE_WAY``) as soon as one goes back to waiting for a slot (a retry), and the node then makes way.
+   A node with a free deferral holds no cap an instance could wait for (its task's cap is at least the
+   plan's size, its pool counts no deferred instance), so it waits on the triggerer throughout.
+   Deferrals are free for every node of a run or for none (one ``max_active_nodes`` for every node
+   task, bounded by the plan's size; one setting for the pools), so no node holds a cap while deferred
+   on a parent that waits on the triggerer for a slot of its own ancestor.
 4. Map indexes follow the plan's topological order, and the scheduler hands out a task's free slots in
    map-index order (same priority weight). Take the unfinished node ``u`` earliest in that order: its
    parents all finished, and every other unfinished instance of its task comes after it. Every
@@ -47,6 +54,15 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    by induction every node runs. Caps shared by several tasks (pools, the DAG's
    ``max_active_tasks``, parallelism) count no deferred or rescheduled instance, and a running waiter
    lets go within its bound, so they free too.
+5. Across the tasks of pooled lanes the scheduler's order is the map index of each task, not the
+   plan's order, so under a cap the tasks share (the DAG's ``max_active_tasks``, parallelism) an
+   instance of one lane that cannot run yet may get a freed slot before ``u``. With free deferrals it
+   does so at most once per try of its own (it defers, and its trigger resumes it only once its
+   parents finished or saved their checkpoints: to run), so such slots are finitely many and ``u``
+   gets one. A node that makes
+   way comes back after each delay instead, without bound: with a shared cap of 1 and lanes whose
+   task cap can fill or whose pools count deferred instances, nodes that make way again and again can
+   take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps the case visible).
 
 Without point 3 a cap of 2 deadlocks: a root retries while two of its children wait deferred; the
 deferred children fill the task's cap and the root's retry never gets a slot. The simulator in
@@ -111,6 +127,10 @@ class WaitView:
     :param pollers: instances of the run running now (at most that many nodes poll).
     :param checkpoints: whether the DAG keeps checkpoints (the node can pick a parent's result up from
         its checkpoint before the parent's task ends).
+    :param free_deferral: whether this node, deferred, holds nothing another instance could wait for:
+        its task's cap cannot fill (none, or at least as many as the task has instances) and its pool
+        counts no deferred instance (:func:`deferral_is_free`). Such a node waits on the triggerer for a
+        parent that needs a slot, instead of making way.
     """
 
     node: str
@@ -124,6 +144,7 @@ class WaitView:
     rows: int = 0
     pollers: int = 0
     checkpoints: bool = True
+    free_deferral: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,6 +228,8 @@ class WaitingPolicy:
         Move(kind=<Wait.MAKE_WAY: 'make_way'>, after=5.0, near=False)
         """
         kind = self.parents_wait([view.state_of(p) for p in view.parents[view.node]], view.waited)
+        if kind is Wait.MAKE_WAY and view.free_deferral:
+            return Move(Wait.DEFER)
         if kind is Wait.MAKE_WAY:
             return Move(kind, self.make_way_delay(view.made_way))
         if kind is not Wait.WAIT:
@@ -325,15 +348,22 @@ class WaitingPolicy:
 
     # -- the node on the triggerer ---------------------------------------------------------------------
 
-    def trigger_move(self, states: Iterable[str | None]) -> Wait | None:
+    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
         """A deferred node's trigger, after a read of its parents' states: READY (every parent
         finished), MAKE_WAY (one needs a slot again: the node lets go of its task's cap), or None (keep
-        waiting; a running, queued or deferred parent holds no slot of this node's).
+        waiting; a running, queued or deferred parent holds no slot of this node's). A node whose
+        deferral holds nothing (``free_deferral``, see :class:`WaitView`) keeps waiting for a parent
+        that needs a slot too.
 
         >>> WaitingPolicy().trigger_move(["success", "queued"]) is None
         True
+        >>> policy = WaitingPolicy()
+        >>> policy.trigger_move(["scheduled"]), policy.trigger_move(["scheduled"], free_deferral=True)
+        (<Wait.MAKE_WAY: 'make_way'>, None)
         """
         kind = self.parents_wait(states, waited=0.0)
+        if kind is Wait.MAKE_WAY and free_deferral:
+            return None
         return kind if kind in (Wait.READY, Wait.MAKE_WAY) else None
 
     def trigger_watches(self, states: Iterable[str | None]) -> bool:
@@ -383,6 +413,19 @@ def generations(node: str, parents: Mapping[str, Iterable[str]], state_of: State
         seen[current] = 1 + max(seen[p] for p in unfinished) if unfinished else 0
         stack.pop()
     return seen[node]
+
+
+def deferral_is_free(task_cap: int | None, task_size: int, pool_counts_deferred: bool) -> bool:
+    """Whether a deferred instance of a task of ``task_size`` instances holds nothing another instance
+    could wait for: its task's cap (``task_cap``; None: none) cannot fill, and its pool
+    (``pool_counts_deferred``) counts no deferred instance.
+
+    >>> deferral_is_free(None, 40, False), deferral_is_free(40, 40, False), deferral_is_free(5, 40, False)
+    (True, True, False)
+    >>> deferral_is_free(None, 40, True)
+    False
+    """
+    return (task_cap is None or task_cap >= task_size) and not pool_counts_deferred
 
 
 def task_cap_full(queue: Iterable[str], state_of: StateOf, cap: int | None) -> bool:

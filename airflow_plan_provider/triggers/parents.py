@@ -54,6 +54,9 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param checkpoints: each parent instance (``<task id>_<map index>``) → the key of its node's
         checkpoint; empty when the DAG keeps none (the trigger then reads states only).
     :param artifact_store: the store the checkpoints are in (None: the default store).
+    :param free_deferral: the deferred node holds nothing another instance could wait for
+        (:class:`~airflow_plan_provider.plan.waiting.WaitView`): it keeps waiting for a parent that
+        needs a slot, instead of making way.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         poll_interval: float = POLICY.trigger_poll,
         checkpoints: Mapping[str, str] | None = None,
         artifact_store: str | None = None,
+        free_deferral: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
@@ -73,6 +77,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.checkpoints = dict(checkpoints or {})
         self.artifact_store = artifact_store
+        self.free_deferral = free_deferral
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -84,6 +89,7 @@ class ParentsFinishedTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "checkpoints": self.checkpoints,
                 "artifact_store": self.artifact_store,
+                "free_deferral": self.free_deferral,
             },
         )
 
@@ -116,7 +122,9 @@ class ParentsFinishedTrigger(BaseTrigger):
                     time.monotonic() - failing_since,
                 )
                 failures = 0
-            move = POLICY.trigger_move(parent_states(states, self.run_id, self.parents))
+            move = POLICY.trigger_move(
+                parent_states(states, self.run_id, self.parents), free_deferral=self.free_deferral
+            )
             if move is None and await self._saved_before_next_read(states):
                 move = Wait.READY
             if move is not None:

@@ -6,6 +6,7 @@ sum of their squares."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import replace
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
@@ -45,17 +46,20 @@ def figures(
     return out
 
 
-def misfit(costs: Costs, plans: list[BenchPlan], leave_out: str | None = None) -> tuple[float, float]:
-    logs = [math.log(sim / real) for name, (sim, real) in figures(costs, plans).items() if name != leave_out]
+def misfit(
+    costs: Costs, plans: list[BenchPlan], leave_out: str | Collection[str] | None = None
+) -> tuple[float, float]:
+    left = {leave_out} if isinstance(leave_out, str) else set(leave_out or ())
+    logs = [math.log(sim / real) for name, (sim, real) in figures(costs, plans).items() if name not in left]
     return max(map(abs, logs)), sum(x * x for x in logs)
 
 
 def calibrate(
-    start: Costs, rounds: int = 3, steps: int = 7, leave_out: str | None = None
+    start: Costs, rounds: int = 3, steps: int = 7, leave_out: str | Collection[str] | None = None
 ) -> tuple[Costs, tuple[float, float]]:
     """The costs near ``start`` that fit the measured figures best (see the module docstring), all of
-    them or all but the figure ``leave_out`` (to see how well the model predicts a figure it was not
-    fitted on)."""
+    them or all but the figures ``leave_out`` (one name or several: to see how well the model predicts
+    figures it was not fitted on)."""
     plans = bench_plans()
     best, score = start, misfit(start, plans, leave_out)
     for round_ in range(rounds):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+from airflow_plan_provider.plan.waiting import deferral_is_free
 from bench.simulator.model import Caps, Costs, SimPlan
 
 
@@ -82,14 +83,10 @@ def random_case(seed: int, size: int | None = None) -> Case:
     def cap(least: int = 1) -> int:
         return max(least, rng.choice((1, 2, 3, 4, rng.randint(1, 32))))
 
-    # a cap shared by pooled lanes is at least 2: at 1, a ready node of one lane can starve behind nodes
-    # of another lane that wait for their parents and come back after each make-way
-    # (test_waiting_simulation.py::test_lanes_sharing_one_slot_can_starve)
-    shared = 2 if any(p.lanes for p in plans) else 1
     caps = Caps(
         task_cap=None if rng.random() < 0.2 else cap(),
-        dag_cap=cap(shared),
-        parallelism=cap(shared),
+        dag_cap=cap(),
+        parallelism=cap(),
         pool=None if rng.random() < 0.5 else cap(),
         pool_counts_deferred=rng.random() < 0.3,
         lane_pools={"gpu": cap(), "db": cap()},
@@ -97,6 +94,13 @@ def random_case(seed: int, size: int | None = None) -> Case:
         retries=retries,
         retry_delay=rng.choice((0.0, 1.0, 5.0, 10.0)),
     )
+    # a cap shared by pooled lanes is at least 2 unless their deferrals are free (no task cap that can
+    # fill, no pool counting deferred instances): at 1, a ready node of one lane can starve behind nodes
+    # of another lane that wait for their parents and come back after each make-way
+    # (test_waiting_simulation.py::test_lanes_sharing_one_slot_starve_only_when_they_make_way)
+    free = deferral_is_free(caps.task_cap, size, caps.pool_counts_deferred)
+    if any(p.lanes for p in plans) and not free:
+        caps = replace(caps, dag_cap=max(2, caps.dag_cap), parallelism=max(2, caps.parallelism))
     costs = replace(
         Costs(),
         loop_sleep=rng.choice((0.1, 0.5, 1.0)),

@@ -14,7 +14,11 @@ run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/sche
   loop: read the states (CPU), ask the policy (:mod:`bench.simulator.policy`), then wait in the slot
   (reading again, or picking its running parents' checkpoints up), defer (its trigger polls on the
   triggerer), step aside (defer), make way (``up_for_reschedule``, scheduled again after the delay), or
-  run its tool; after the tool, the record push and task end (CPU) free the slot;
+  run its tool; after the tool, the record push and task end (CPU) free the slot; a node whose parents
+  all saved their checkpoints starts on those without a state read;
+- a deferred node's trigger: a state read every ``trigger_poll`` (the first ``trigger_pickup`` after
+  the deferral) and, while every unfinished parent runs, a look for their checkpoints every
+  ``checkpoint_poll`` in between (``WaitingPolicy.trigger_watches``): all saved, the node resumes;
 - a tool that fails transiently: ``up_for_retry``, scheduled again ``retry_delay`` later, until its
   retries are spent (then ``failed``, and its children skip);
 - apache/airflow#71172: an instance rescheduled and queued again before the executor's report of its
@@ -22,7 +26,8 @@ run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/sche
 - CPU work (process starts, state reads, task ends, scheduler loops) shared by every process on
   ``cores`` cores (processor sharing), or, with ``cores`` = 0, each part taking its own time.
 
-What it simplifies is listed in ``bench/README.md`` ("Simulator").
+What it simplifies is listed in ``bench/README.md`` ("Simulator"), but for the trigger's checkpoint
+looks, modelled as above (a look costs ``checkpoint_read`` seconds and no CPU).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, lane_task_id
-from airflow_plan_provider.plan.waiting import Wait, WaitView
+from airflow_plan_provider.plan.waiting import Wait, WaitView, deferral_is_free
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
@@ -64,6 +69,7 @@ class Ti:
         "pace",
         "parents_left",
         "read_at",
+        "read_done",
         "reschedules",
         "run",
         "slot_since",
@@ -80,6 +86,7 @@ class Ti:
         self.state: str | None = None
         self.try_number, self.reschedules, self.token, self.wait_token = 1, 0, 0, 0
         self.began = self.read_at = self.origin = self.slot_since = 0.0
+        self.read_done = -1.0
         self.awaited: list[str] = []
         self.pace: float | None = None
         self.exited_at: float | None = None
@@ -215,6 +222,10 @@ class Simulation:
         run_gap: float = 0.0,
         quiet_bound: float | None = None,
         time_bound: float | None = None,
+        trigger_looks: bool = True,
+        resumed_first: bool = False,
+        runs_undated: bool = False,
+        earlier_runs_first: bool = False,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -223,6 +234,12 @@ class Simulation:
             static,
             checkpoints,
         )
+        self.trigger_looks = trigger_looks  # False: a deferred node's trigger reads states only
+        # a node its trigger resumed goes before every node not yet resumed (a higher priority weight)
+        self.resumed_first = resumed_first
+        # runs without a logical date (the scheduler's order then falls to the map index); node
+        # instances weighted by their run's creation, earlier runs first
+        self.runs_undated, self.earlier_runs_first = runs_undated, earlier_runs_first
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
@@ -426,6 +443,10 @@ class Simulation:
         for task, nodes in run.tasks.items():
             for index, node in enumerate(nodes):
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
+                if self.runs_undated:  # no logical date: the runs' instances interleave by map index
+                    ti.key = (ti.key[0], 0, index, task, run.index)  # type: ignore[assignment]
+                if self.earlier_runs_first:  # a weight that falls with the run's creation
+                    ti.key = (ti.key[0] - 10**4 * (len(self.runs) - run.index), *ti.key[1:])  # type: ignore[assignment]
                 ti.parents_left = len(run.plan.parents[node])
         for node, ti in run.tis.items():
             if node in (PLAN_TASK, FINALIZE_TASK):
@@ -509,6 +530,10 @@ class Simulation:
             self.at(self.now + self.costs.finalize_task, self._task_end, ti, ti.token)
         elif ti.run.static or not ti.run.plan.parents[ti.node]:
             self._tool(ti)
+        elif self.checkpoints and all(p in ti.run.tool_done for p in ti.run.plan.parents[ti.node]):
+            # every parent saved its checkpoint in this run: the node starts on those, reading no state
+            ti.wait_token += 1
+            self.at(self.now + self.costs.checkpoint_read, self._picked_up, ti, ti.token, ti.wait_token)
         else:
             self._read(ti, ti.token)
 
@@ -568,6 +593,7 @@ class Simulation:
             rows=rows,
             pollers=pollers,
             checkpoints=self.checkpoints,
+            free_deferral=self._free_deferral(ti),
         )
         move = self.policy.next_move(view)
         moves = self.out.moves
@@ -604,6 +630,12 @@ class Simulation:
             self.set_state(ti, "up_for_reschedule")
             self._due(now + move.after, ti)
 
+    def _free_deferral(self, ti: Ti) -> bool:
+        """Whether ``ti`` deferred holds nothing another instance could wait for, as the node task tells
+        its waiting policy: the node tasks' cap cannot fill (the plan's size bounds each task's) and the
+        pools count no deferred instance. The same for every node of a run."""
+        return deferral_is_free(self.caps.task_cap, len(ti.run.plan.parents), self.caps.pool_counts_deferred)
+
     def _gave_back(self, ti: Ti) -> None:
         self.out.waiting += self.now - ti.began
         self.out.given_back += ti.began - ti.slot_since
@@ -637,21 +669,51 @@ class Simulation:
         if ti.token != token:
             return
         run = ti.run
-        kind = self.policy.trigger_move([run.tis[p].state for p in run.plan.parents[ti.node]])
+        ti.read_done = self.now
+        states = [run.tis[p].state for p in run.plan.parents[ti.node]]
+        kind = self.policy.trigger_move(states, self._free_deferral(ti))
         if kind is not None:
-            self.set_state(ti, "scheduled")
-        elif ti.origin < 0:  # its first read: from now on it reads every trigger_poll
+            self._resume(ti)
+            return
+        if ti.origin < 0:  # its first read: from now on it reads every trigger_poll
             ti.origin = self.now
             for parent in run.plan.parents[ti.node]:
                 watchers = run.trigger_watchers.setdefault(parent, [])
                 if ti not in watchers:
                     watchers.append(ti)
+        ti.pace = None
+        if self.checkpoints and self.trigger_looks and self.policy.trigger_watches(states):
+            ti.pace = self.policy.checkpoint_poll
+            ti.awaited = [p for p in run.plan.parents[ti.node] if run.tis[p].state not in FINISHED]
+            self._trigger_look(ti)
+
+    def _trigger_look(self, ti: Ti) -> None:
+        """A deferred node's trigger that saw every unfinished parent running looks for their
+        checkpoints every ``checkpoint_poll`` seconds from its read: once every one of them saved its
+        result, the node resumes (``trigger_watches``)."""
+        if ti.state != "deferred" or ti.pace is None or not all(p in ti.run.tool_done for p in ti.awaited):
+            return
+        ticks = math.ceil(max(0.0, self.now - ti.read_done) / ti.pace - 1e-9)
+        when = ti.read_done + ticks * ti.pace + self.costs.checkpoint_read
+        self.at(when, self._trigger_found, ti, ti.token)
+
+    def _trigger_found(self, ti: Ti, token: int) -> None:
+        if ti.token == token and ti.state == "deferred":
+            self.out.moves["trigger_checkpoint"] = self.out.moves.get("trigger_checkpoint", 0) + 1
+            self._resume(ti)
+
+    def _resume(self, ti: Ti) -> None:
+        if self.resumed_first and ti.key[0] > -(10**6):
+            ti.key = (ti.key[0] - 10**6, *ti.key[1:])  # type: ignore[assignment]
+        self.set_state(ti, "scheduled")
 
     def _trigger_tick(self, ti: Ti) -> None:
         if ti.state != "deferred" or ti.origin < 0:
             return
         poll = self.policy.trigger_poll
         tick = ti.origin + math.ceil(max(0.0, self.now - ti.origin) / poll - 1e-9) * poll
+        if tick <= ti.read_done:  # the read of this instant is done already: the next one sees it
+            tick += poll
         if ti.read_at != tick:
             ti.read_at = tick
             self.at(tick, self._trigger, ti, ti.token)
@@ -680,6 +742,9 @@ class Simulation:
         for watcher in run.watchers.pop(ti.node, []):
             if ti.node in watcher.awaited:
                 self._look_for_checkpoints(watcher)
+        for watcher in run.trigger_watchers.get(ti.node, ()):
+            if ti.node in watcher.awaited:
+                self._trigger_look(watcher)
         self.cpu.submit(self.costs.end_cpu, self._task_end, ti, ti.token)
 
     def _tool_failed(self, ti: Ti, token: int) -> None:

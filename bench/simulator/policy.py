@@ -28,9 +28,11 @@ class Policy(Protocol):
 
     def next_move(self, view: WaitView) -> Move: ...
 
-    def trigger_move(self, states: Iterable[str | None]) -> Wait | None: ...
+    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None: ...
 
     def reads_one_by_one(self, plan_size: int) -> bool: ...
+
+    def trigger_watches(self, states: Iterable[str | None]) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,12 @@ class NeverLetGo:
         move = self.inner.next_move(view)
         return Move(Wait.DEFER) if move.kind is Wait.MAKE_WAY else move
 
-    def trigger_move(self, states: Iterable[str | None]) -> Wait | None:
-        kind = self.inner.trigger_move(states)
+    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
+        kind = self.inner.trigger_move(states, free_deferral)
         return None if kind is Wait.MAKE_WAY else kind
 
     def reads_one_by_one(self, plan_size: int) -> bool:
         return self.inner.reads_one_by_one(plan_size)
+
+    def trigger_watches(self, states: Iterable[str | None]) -> bool:
+        return self.inner.trigger_watches(states)

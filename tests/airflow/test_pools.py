@@ -217,6 +217,7 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
         "poll_interval": 0.5,
         "checkpoints": {},
         "artifact_store": None,
+        "free_deferral": False,
     }
     states = {
         "r": {f"{NODES_TASK}_0": "success", f"{lane_task_id(API)}_1": "running", f"{NODES_TASK}_1": "failed"}

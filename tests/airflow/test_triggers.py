@@ -170,6 +170,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         poll_interval=0.5,
         checkpoints={f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
         artifact_store="s3://bucket/plans",
+        free_deferral=True,
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
@@ -180,6 +181,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         "poll_interval": 0.5,
         "checkpoints": {f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
         "artifact_store": "s3://bucket/plans",
+        "free_deferral": True,
     }
     rebuilt = through_the_database(trigger)
     assert type(rebuilt) is ParentsFinishedTrigger
@@ -233,6 +235,30 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
         "run_ids": ["manual__1"],
     }
     validate_parents_event(events[0].payload)
+
+
+@pytest.mark.parametrize(("free_deferral", "expected"), [(False, "make_way"), (True, "ready")])
+def test_a_free_deferral_waits_through_a_parent_needing_a_slot(
+    monkeypatch: pytest.MonkeyPatch, free_deferral: bool, expected: str
+) -> None:
+    """A parent goes back to waiting for a slot (a retry): the trigger releases the node (make way)
+    unless its deferral holds nothing, when it keeps waiting until the parent finished."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    states = iter(["running", "up_for_retry", "scheduled", "success"])
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        return {"manual__1": {f"{NODES_TASK}_0": next(states)}}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan_dag",
+        run_id="manual__1",
+        parents={NODES_TASK: [0]},
+        poll_interval=0.01,
+        free_deferral=free_deferral,
+    )
+    assert [event.payload for event in events_of(trigger)] == [{"status": expected}]
 
 
 def test_parents_trigger_is_ready_once_its_running_parents_saved_their_checkpoints(

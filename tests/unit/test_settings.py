@@ -94,9 +94,13 @@ def test_node_execution_becomes_the_node_tasks_arguments() -> None:
         "execution_timeout": timedelta(minutes=2),
         "max_active_tis_per_dagrun": 3,
         "slot_wait": 30.0,
+        "pools_count_deferred": False,
         "pool": "p",
     }
     assert "pool" not in NodeExecution().task_kwargs()
+    assert NodeExecution(pools_count_deferred=True).task_kwargs()["pools_count_deferred"] is True
+    with pytest.raises(ValueError, match=r"pools_count_deferred must be a bool, got 1"):
+        NodeExecution(pools_count_deferred=1)  # type: ignore[arg-type]
     # no cap of the node task's own: Airflow's None for max_active_tis_per_dagrun
     assert NodeExecution(max_active_nodes=None).task_kwargs()["max_active_tis_per_dagrun"] is None
     with pytest.raises(ValueError, match=r"max_active_nodes must be an integer >= 1 or None, got 0"):

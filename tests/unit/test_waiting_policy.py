@@ -10,6 +10,7 @@ from airflow_plan_provider.plan.waiting import (
     Wait,
     WaitingPolicy,
     WaitView,
+    deferral_is_free,
     generations,
     steps_aside,
 )
@@ -199,6 +200,37 @@ def test_next_move_passes_the_parents_rule_through() -> None:
     assert POLICY.next_move(view("a", {"r": "running"}, waited=POLICY.slot_wait)) == Move(Wait.DEFER)
     made_way = POLICY.next_move(view("a", {"r": "up_for_retry"}, made_way=1))
     assert made_way == Move(Wait.MAKE_WAY, 2 * POLICY.make_way_first)
+
+
+def test_a_node_whose_deferral_holds_nothing_waits_on_the_triggerer_for_a_parent_needing_a_slot() -> None:
+    """Instead of making way (and coming back after each delay, taking a slot each time), a node that
+    deferred holds no cap another instance could wait for: it defers, and its trigger keeps waiting
+    through the parent's slot wait and retries, until every parent finished."""
+    free = {"free_deferral": True}
+    assert POLICY.next_move(view("a", {"r": "scheduled"}, **free)) == Move(Wait.DEFER)
+    assert POLICY.next_move(view("a", {"r": "up_for_retry"}, made_way=3, **free)) == Move(Wait.DEFER)
+    assert POLICY.next_move(view("a", {"r": "success"}, **free)) == Move(Wait.READY)
+    assert POLICY.next_move(view("a", {"r": "scheduled"})).kind is Wait.MAKE_WAY
+    for states in (["scheduled"], ["running", "up_for_retry"], [None, "success"]):
+        assert POLICY.trigger_move(states, free_deferral=True) is None
+        assert POLICY.trigger_move(states) is Wait.MAKE_WAY
+    assert POLICY.trigger_move(["success", "failed"], free_deferral=True) is Wait.READY
+
+
+@pytest.mark.parametrize(
+    ("task_cap", "size", "pool_counts_deferred", "free"),
+    [
+        (None, 500, False, True),
+        (500, 500, False, True),
+        (499, 500, False, False),  # the cap can fill: a deferred node may hold what another needs
+        (5, 500, False, False),
+        (None, 500, True, False),  # the pool counts it
+    ],
+)
+def test_a_deferral_is_free_only_when_no_cap_could_fill_with_it(
+    task_cap: int | None, size: int, pool_counts_deferred: bool, free: bool
+) -> None:
+    assert deferral_is_free(task_cap, size, pool_counts_deferred) is free
 
 
 def test_make_way_delays_double_up_to_their_bound() -> None:

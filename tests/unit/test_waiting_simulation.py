@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import replace
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
+from bench.plan_families import CAPS, FAMILIES, generate
 from bench.simulator.cases import random_case, random_plan
 from bench.simulator.engine import Outcome, simulate
 from bench.simulator.model import CALIBRATED, Caps, Costs, SimPlan, list_scheduling_bound
@@ -96,22 +97,54 @@ def test_same_inputs_same_schedule() -> None:
     assert (first.makespans, first.events, first.moves) == (second.makespans, second.events, second.moves)
 
 
-def test_lanes_sharing_one_slot_can_starve() -> None:
-    """A limit of the argument (its point 4 orders a task's instances by map index; across tasks the
-    scheduler orders by map index too, which is not the plan's run order): with pooled lanes and a
-    single slot shared by the run's tasks (the DAG's max_active_tasks = 1), nodes of one lane that wait
-    for their parents get the slot before a ready node of another lane with a higher map index, make
-    way, come back after their delay, and the ready node can wait for ever. The simulator finds such
-    plans; with two shared slots none of the same plans starves."""
+def test_lanes_sharing_one_slot_starve_only_when_they_make_way() -> None:
+    """Point 5 of the argument (``plan/waiting.py``): across the tasks of pooled lanes the scheduler
+    orders by map index, not by the plan's order. With one slot shared by the run's tasks (the DAG's
+    max_active_tasks = 1), nodes of one lane that wait for their parents take the slot before a ready
+    node of another lane with a higher map index. When their deferral is free (no task cap that can
+    fill, no pool counting deferred instances) they defer and come back only to run: every plan
+    finishes. When it is not, they make way and come back after each delay, and a ready node can wait
+    for ever: the simulator finds such plans, and with two shared slots none of the same plans starves."""
     starved, with_two = [], []
     for seed in range(30):
         rng = random.Random(seed)
         plan = random_plan(rng, rng.randint(20, 120), 1)
         lanes = {node: rng.choice(("gpu", "db")) for node in plan.parents if rng.random() < 0.3}
         plan = replace(plan, lanes=lanes, failing_tries={})
-        caps = Caps(task_cap=None, dag_cap=1, parallelism=32, lane_pools={"gpu": 4, "db": 4})
-        if simulate(plan, POLICY, caps, Costs()).deadlock:
+        free = Caps(task_cap=None, dag_cap=1, parallelism=32, lane_pools={"gpu": 4, "db": 4})
+        assert simulate(plan, POLICY, free, Costs()).deadlock is None, seed
+        capped = replace(free, task_cap=4)
+        if simulate(plan, POLICY, capped, Costs()).deadlock:
             starved.append(seed)
-            with_two.append(simulate(plan, POLICY, replace(caps, dag_cap=2), Costs()).deadlock)
+            with_two.append(simulate(plan, POLICY, replace(capped, dag_cap=2), Costs()).deadlock)
     assert starved
     assert with_two == [None] * len(starved)
+
+
+def test_plan_families_finish_at_every_cap() -> None:
+    """The generated plan families (``bench/plan_families.py``: random local DAGs, fan-out / fan-in,
+    long chains, mixed durations, pooled lanes) at every DAG cap from 1 to 32, as plan DAG and static
+    DAG, with the costs calibrated on the bench: every run finishes."""
+    stuck = []
+    for family in FAMILIES:
+        for seed in range(4):
+            for cap in CAPS:
+                plan = generate(family, seed, size=20 + 25 * seed, cap=cap)
+                for static in (False, True):
+                    out = simulate(plan.sim_plan(), POLICY, plan.caps(), CALIBRATED, static=static)
+                    if out.deadlock or out.finished != out.nodes:
+                        stuck.append((plan.name, static, out.deadlock))
+    assert stuck == []
+
+
+def test_a_deferred_nodes_trigger_looks_for_its_running_parents_checkpoints() -> None:
+    """A child deferred on a parent whose tool outlasts slot_wait resumes when the parent's checkpoint
+    is saved (``WaitingPolicy.trigger_watches``), before the parent's task ends and the trigger's next
+    state read; without the looks (states only) it resumes later. Simulated time: deterministic."""
+    plan = SimPlan({"p": [], "c": ["p"]}, {"p": 40.0, "c": 1.0})
+    policy = WaitingPolicy(slot_wait=5.0)
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    looking = simulate(plan, policy, caps, CALIBRATED)
+    reading = simulate(plan, policy, caps, CALIBRATED, trigger_looks=False)
+    assert looking.moves.get("trigger_checkpoint") == 1 and "trigger_checkpoint" not in reading.moves
+    assert looking.handoff < reading.handoff

@@ -1,0 +1,45 @@
+"""The generated plan families (``bench/plan_families.py``) are what their docstring says, and seeded."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bench.plan_families import CAPS, FAMILIES, generate, sample
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_plan_is_a_dag_in_id_order_and_the_same_for_the_same_seed(family: str) -> None:
+    plan = generate(family, 3, size=80, cap=4)
+    assert plan == generate(family, 3, size=80, cap=4)
+    assert plan != generate(family, 4, size=80, cap=4)
+    parents = plan.parents()
+    assert list(parents) == [str(i) for i in range(1, 81)]
+    assert all(int(p) < int(node) for node, ps in parents.items() for p in ps)  # topological ids
+    assert set(plan.seconds) == set(parents) and plan.caps().dag_cap == 4
+    cp, chain = plan.critical_path()
+    assert cp == pytest.approx(sum(plan.seconds[n] for n in chain))
+    assert all(a in parents[b] for a, b in itertools.pairwise(chain))
+
+
+def test_local_plans_have_0_to_3_parents_among_the_nodes_just_before() -> None:
+    parents = generate("local", 1, size=200, cap=16).parents()
+    assert {len(ps) for ps in parents.values()} == {0, 1, 2, 3}
+    assert all(int(node) - int(p) <= 8 for node, ps in parents.items() for p in ps)
+
+
+def test_durations_and_lanes_per_family() -> None:
+    assert all(0.5 <= s <= 8 for s in generate("local", 1, 100, 8).seconds.values())
+    assert all(5 <= s <= 30 for s in generate("chains", 1, 100, 8).seconds.values())
+    mixed = generate("mixed", 1, 400, 8).seconds.values()
+    assert 0.1 <= min(mixed) < 0.5 and 15 < max(mixed) <= 30
+    lanes = generate("lanes", 1, 100, 8)
+    assert set(lanes.lanes.values()) == {"gpu", "db"} and set(lanes.lane_pools) == {"gpu", "db"}
+    assert not generate("local", 1, 100, 8).lanes
+
+
+def test_a_sample_covers_every_family_and_cap() -> None:
+    plans = sample(len(FAMILIES) * len(CAPS))
+    assert {(p.family, p.cap) for p in plans} == {(f, c) for f in FAMILIES for c in CAPS}
+    assert all(20 <= p.size <= 500 for p in sample(200))
