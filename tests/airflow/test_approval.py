@@ -364,6 +364,7 @@ class Answer(threading.Thread):
     def __init__(self, api: Any, dag_id: str, run_id: str, option: str, intruder: str | None = None) -> None:
         super().__init__(name=f"answer-{run_id}", daemon=True)
         self.client, self.manager = api
+        self.dag_id, self.run_id = dag_id, run_id
         self.path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{APPROVE_TASK}/-1/hitlDetails"
         self.option, self.intruder = option, intruder
         self.request: dict[str, Any] | None = None  # the request as the API showed it before the answer
@@ -387,9 +388,30 @@ class Answer(threading.Thread):
     def run(self) -> None:
         try:
             self.answer()
-        except Exception as error:  # the test fails naming it (the run itself ends by its own timeout)
+        except Exception as error:  # the test fails naming it, and the run ends rather than waits on
             self.problem = f"the answering user failed: {error!r}"
+            self.end_the_wait()
             raise
+
+    def end_the_wait(self) -> None:
+        """Fail the run's approve task once it waits for its answer, so that ``dag.test()`` stops waiting
+        (where the task waits in ``awaiting_input``; a deferred one ends by its own timeout)."""
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+
+        deadline = time.monotonic() + REQUEST_WAIT
+        while time.monotonic() < deadline:
+            with create_session() as session:
+                ti = (
+                    session.query(TaskInstance)
+                    .filter_by(dag_id=self.dag_id, run_id=self.run_id, task_id=APPROVE_TASK)
+                    .one_or_none()
+                )
+                if ti is not None and str(getattr(ti.state, "value", ti.state)) == "awaiting_input":
+                    ti.state = TaskInstanceState.FAILED
+                    return
+            time.sleep(0.2)
 
     def answer(self) -> None:
         deadline = time.monotonic() + REQUEST_WAIT
