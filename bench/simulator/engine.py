@@ -26,8 +26,8 @@ run is a pure function of its inputs. What is modelled (Airflow 3.3, ``jobs/sche
 - CPU work (process starts, state reads, task ends, scheduler loops) shared by every process on
   ``cores`` cores (processor sharing), or, with ``cores`` = 0, each part taking its own time.
 
-What it simplifies is listed in ``bench/README.md`` ("Simulator"), but for the trigger's checkpoint
-looks, modelled as above (a look costs ``checkpoint_read`` seconds and no CPU).
+What it simplifies is listed in ``bench/README.md`` (the ``simulate.py`` section), but for the trigger's
+checkpoint looks, modelled as above (a look costs ``checkpoint_read`` seconds and no CPU).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The plans ``bench/`` runs on a real Airflow, as the simulator runs them, with the makespans measured
-there (``bench/README.md``)."""
+there (``bench/results/``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[1]
 #: ``max_active_tasks`` and the executor's parallelism 16, the node task's ``max_active_nodes`` above it
 BENCH_CAP = 16
 #: where the measured figures come from
-SOURCE = "bench/README.md, Figures (2026-11-30 09:30-10:30), code 681bc3f (500 nodes: a88b08e)"
+SOURCE = "bench/results/2026-11-30-*.json (09:30-10:30), code 681bc3f (500 nodes: a88b08e)"
 
 
 @dataclass(frozen=True)
