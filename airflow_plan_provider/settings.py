@@ -66,11 +66,13 @@ class NodeExecution:
         pool wins for its nodes).
     :param slot_wait: how long a node whose parents are running waits for them in its slot (polling
         their states) before it waits on the triggerer instead.
-    :param pools_count_deferred: whether a pool the node tasks run in (``pool``, a tool's pool) counts
-        deferred task instances (Airflow's pool ``include_deferred``; False is Airflow's default). While
-        no pool counts them and ``max_active_nodes`` is None or at least the plan's size, a node whose
-        parent waits for a slot waits for it on the triggerer, holding nothing, instead of making way
-        (:mod:`airflow_plan_provider.plan.waiting`).
+    :param pools_count_deferred: whether a pool the node tasks run in (``pool``, a tool's pool) may
+        count deferred task instances (Airflow's pool ``include_deferred``). Set it to False when none
+        does (Airflow's default for a pool): then, while ``max_active_nodes`` is None or at least the
+        plan's size, a node whose parent waits for a slot waits for it on the triggerer, holding
+        nothing, instead of making way (:mod:`airflow_plan_provider.plan.waiting`), which keeps lanes
+        from starving at a shared cap of 1. ``dag.test()`` runs a trigger inline until its event, so a
+        DAG run that way keeps the default.
 
     >>> NodeExecution(retries=-1)
     Traceback (most recent call last):
@@ -86,7 +88,7 @@ class NodeExecution:
     max_active_nodes: int | None = 5
     pool: str | None = None
     slot_wait: timedelta = DEFAULT_SLOT_WAIT
-    pools_count_deferred: bool = False
+    pools_count_deferred: bool = True
 
     def __post_init__(self) -> None:
         _count("NodeExecution", "retries", self.retries, 0)

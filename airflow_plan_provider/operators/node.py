@@ -253,7 +253,7 @@ class PlanNodeOperator(BaseOperator):
         artifact_threshold: int = artifacts.DEFAULT_THRESHOLD,
         checkpoints: bool = True,
         slot_wait: float = DEFAULT_SLOT_WAIT.total_seconds(),
-        pools_count_deferred: bool = False,
+        pools_count_deferred: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -94,11 +94,11 @@ def test_node_execution_becomes_the_node_tasks_arguments() -> None:
         "execution_timeout": timedelta(minutes=2),
         "max_active_tis_per_dagrun": 3,
         "slot_wait": 30.0,
-        "pools_count_deferred": False,
+        "pools_count_deferred": True,
         "pool": "p",
     }
     assert "pool" not in NodeExecution().task_kwargs()
-    assert NodeExecution(pools_count_deferred=True).task_kwargs()["pools_count_deferred"] is True
+    assert NodeExecution(pools_count_deferred=False).task_kwargs()["pools_count_deferred"] is False
     with pytest.raises(ValueError, match=r"pools_count_deferred must be a bool, got 1"):
         NodeExecution(pools_count_deferred=1)  # type: ignore[arg-type]
     # no cap of the node task's own: Airflow's None for max_active_tis_per_dagrun
