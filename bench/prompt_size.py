@@ -18,7 +18,8 @@ import argparse
 from airflow_plan_provider.plan.validate import Limits
 from airflow_plan_provider.planners.base import PlanRequest
 from airflow_plan_provider.planners.llm_prompt import build_messages
-from airflow_plan_provider.tools.registry import CATALOG_BUDGET, Tool, ToolRegistry
+from airflow_plan_provider.tools.registry import CATALOG_BUDGET, ToolRegistry
+from airflow_plan_provider.tools.tool import Tool
 
 GOAL = "find why the refunds of the payment API were slow yesterday and write a report"
 SUBJECTS = (

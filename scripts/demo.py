@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
 from airflow_plan_provider.contract import PLAN_TASK, TOOLS_KEY
-from airflow_plan_provider.tools.registry import ToolOrigin
+from airflow_plan_provider.tools.tool import ToolOrigin
 from harness.cluster import AirflowCluster
 
 ROOT = Path(__file__).resolve().parents[1]

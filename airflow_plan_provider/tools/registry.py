@@ -8,7 +8,7 @@ Declare tools on a registry::
     def query_metrics(service: str, day: str) -> dict: ...
 
 The argument schema comes from the function's signature unless ``args`` names a pydantic model or a
-JSON Schema. A function that accepts a ``ctx`` keyword receives a :class:`ToolContext`.
+JSON Schema. A function that accepts a ``ctx`` keyword receives a :class:`~.tool.ToolContext`.
 A tool that calls a rate-limited service declares an Airflow pool: every node calling it takes
 ``pool_slots`` slots of that pool, across every plan run and worker::
 
@@ -35,9 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from pydantic import BaseModel
 
 from airflow_plan_provider.tools.tool import (
-    POOL_NAME,
     Tool,
-    ToolContext,
     ToolOrigin,
     args_schema_of,
     schema_from_signature,
@@ -46,16 +44,6 @@ from airflow_plan_provider.tools.tool import (
 if TYPE_CHECKING:
     from airflow_plan_provider.tools.sources import ToolListing, ToolSource
 
-__all__ = [
-    "POOL_NAME",
-    "Tool",
-    "ToolContext",
-    "ToolOrigin",
-    "ToolRegistry",
-    "args_schema_of",
-    "load_tools",
-    "schema_from_signature",
-]
 
 ENTRY_POINT_GROUP = "airflow_plan_provider.tools"
 F = TypeVar("F", bound=Callable[..., Any])  # a tool's function, returned unchanged by ToolRegistry.tool

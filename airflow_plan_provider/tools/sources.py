@@ -64,7 +64,7 @@ class SourceListing(Model):
 
     :param source: the source's name (:attr:`ToolSource.name`).
     :param origin: where its tools come from, as :meth:`ToolOrigin.to_dict
-        <airflow_plan_provider.tools.registry.ToolOrigin.to_dict>` gives it (kind, conn_id).
+        <airflow_plan_provider.tools.tool.ToolOrigin.to_dict>` gives it (kind, conn_id).
     :param tools: the tools the planner may use.
     :param advertised: how many tools the source advertised (before filters and limits).
     :param skipped: one line per tool left out (filtered, oversized schema, name clash, over the limit).
