@@ -59,10 +59,10 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    instance of one lane that cannot run yet may get a freed slot before ``u``. With free deferrals it
    does so at most once per try of its own (it defers, and its trigger resumes it only once its
    parents finished or saved their checkpoints: to run), so such slots are finitely many and ``u``
-   gets one. A node that makes
-   way comes back after each delay instead, without bound: with a shared cap of 1 and lanes whose
-   task cap can fill or whose pools count deferred instances, nodes that make way again and again can
-   take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps the case visible).
+   gets one. A node that makes way comes back after each delay instead, without bound: with a shared
+   cap of 1 and lanes whose task cap can fill or whose pools count deferred instances, nodes that make
+   way again and again can take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps
+   the case visible).
 
 Without point 3 a cap of 2 deadlocks: a root retries while two of its children wait deferred; the
 deferred children fill the task's cap and the root's retry never gets a slot. The simulator in
