@@ -54,9 +54,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from _planbench import (
     DATABASES,
-    WARM_PLAN,
-    WARM_STATIC,
-    WARM_UP_SECONDS,
     Bench,
     Run,
     log,
@@ -65,7 +62,7 @@ from _planbench import (
     repeat_runs,
     run_each_database,
     static_dag_source,
-    warm_up_plan,
+    warm_up_dags,
     work_plan,
 )
 
@@ -282,11 +279,8 @@ def measure(database: str, args: argparse.Namespace) -> dict[str, Any]:
     probe_log = bench.root / "probe.jsonl"
     plan = flat_plan(args.nodes)
     seconds = {n["id"]: args.sleep for n in plan["nodes"]}
-    warm_up = warm_up_plan(args.cap)
-    warm_seconds = {n["id"]: WARM_UP_SECONDS for n in warm_up["nodes"]}
-    dags = {
-        WARM_PLAN: plan_dag_source(WARM_PLAN, bench.calls_folder, args.cap),
-        WARM_STATIC: static_dag_source(WARM_STATIC, warm_up, warm_seconds, bench.calls, args.cap),
+    dags, warm_up_runs = warm_up_dags(bench, args.cap)
+    dags |= {
         PLAN_DAG: plan_dag_source(PLAN_DAG, bench.calls_folder, args.cap),
         STATIC_DAG: static_dag_source(STATIC_DAG, plan, seconds, bench.calls, args.cap),
     }
@@ -301,9 +295,7 @@ def measure(database: str, args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"plan": [], "static": []}
     try:
         cluster = bench.start(parallelism=args.cap, dag_ids=list(dags), env=env)
-        repeat_runs(
-            bench, 1, [("warm-up plan", WARM_PLAN, {"plan": warm_up}), ("warm-up static", WARM_STATIC, {})]
-        )
+        repeat_runs(bench, 1, warm_up_runs)
         conf = {"goal": plan["goal"], "plan": work_plan(plan, seconds)}
         for round_ in range(1, args.repeat + 1):
             for kind, dag_id, run_conf in (("plan", PLAN_DAG, conf), ("static", STATIC_DAG, {})):
