@@ -106,5 +106,6 @@ def random_case(seed: int, size: int | None = None) -> Case:
         loop_sleep=rng.choice((0.1, 0.5, 1.0)),
         trigger_pickup=rng.choice((0.2, 1.0, 3.0)),
         cores=2.0 if rng.random() < 0.1 and size <= 60 else 0.0,
+        triggerer_tick=rng.choice((0.0, 1.0)),
     )
     return Case(seed, plans, caps, costs, rng.random() < 0.8, rng.choice((0.0, 2.0, 10.0)))

@@ -622,7 +622,7 @@ class Simulation:
             ti.origin = ti.read_at = -1.0  # its trigger has not read yet
             ti.pace = None
             self.set_state(ti, "deferred")
-            self.at(now + self.costs.trigger_pickup, self._trigger, ti, ti.token)
+            self.at(self._triggerer_tick(now + self.costs.trigger_pickup), self._trigger, ti, ti.token)
         else:
             self._gave_back(ti)
             ti.reschedules += 1
@@ -702,7 +702,25 @@ class Simulation:
             self.out.moves["trigger_checkpoint"] = self.out.moves.get("trigger_checkpoint", 0) + 1
             self._resume(ti)
 
+    def _triggerer_tick(self, at: float) -> float:
+        """The triggerer's first tick at or after ``at`` (``Costs.triggerer_tick``; 0: ``at`` itself)."""
+        tick = self.costs.triggerer_tick
+        return math.ceil(at / tick - 1e-9) * tick if tick > 0 else at
+
     def _resume(self, ti: Ti) -> None:
+        """The node's trigger fired: it is scheduled again at the triggerer's next tick (no read of its
+        trigger is due any more)."""
+        ti.origin = -1.0
+        ti.pace = None
+        ti.token += 1
+        if self.costs.triggerer_tick > 0:
+            self.at(self._triggerer_tick(self.now), self._resumed, ti, ti.token)
+        else:
+            self._resumed(ti, ti.token)
+
+    def _resumed(self, ti: Ti, token: int) -> None:
+        if ti.token != token or ti.state != "deferred":
+            return
         if self.resumed_first and ti.key[0] > -(10**6):
             ti.key = (ti.key[0] - 10**6, *ti.key[1:])  # type: ignore[assignment]
         self.set_state(ti, "scheduled")

@@ -80,7 +80,10 @@ class Costs:
       DAG parse, reading and checking the plan);
     - a state read costs ``read_cpu`` plus ``read_row_cpu`` per task state returned; a checkpoint read
       ``checkpoint_read``; after its tool a node pushes its record and ends: ``end_cpu``;
-    - a deferred node's trigger first polls ``trigger_pickup`` after the deferral;
+    - a deferred node's trigger first polls ``trigger_pickup`` after the deferral, at the triggerer's
+      next tick: the triggerer starts new triggers and hands their events on once every
+      ``triggerer_tick`` seconds (Airflow's ``TriggerRunner`` loop waits a second between two rounds),
+      so a node whose trigger fired is scheduled again at the next tick; 0: at once;
     - the executor reports a process's exit ``report_latency`` after it: a rescheduled instance queued
       again before that fails its try (apache/airflow#71172);
     - the plan DAG's ``plan`` and ``finalize`` tasks run ``plan_task`` and ``finalize_task`` seconds;
@@ -98,6 +101,7 @@ class Costs:
     checkpoint_read: float = 0.03
     end_cpu: float = 0.15
     trigger_pickup: float = 1.0
+    triggerer_tick: float = 0.0
     report_latency: float = 1.5
     plan_task: float = 0.3
     finalize_task: float = 0.2
@@ -119,6 +123,7 @@ CALIBRATED = Costs(
     checkpoint_read=0.03,
     end_cpu=0.1,
     trigger_pickup=2.749999,
+    triggerer_tick=1.0,
     report_latency=1.5,
     plan_task=0.35,
     finalize_task=0.5,

@@ -144,7 +144,20 @@ def test_a_deferred_nodes_trigger_looks_for_its_running_parents_checkpoints() ->
     plan = SimPlan({"p": [], "c": ["p"]}, {"p": 40.0, "c": 1.0})
     policy = WaitingPolicy(slot_wait=5.0)
     caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
-    looking = simulate(plan, policy, caps, CALIBRATED)
-    reading = simulate(plan, policy, caps, CALIBRATED, trigger_looks=False)
+    costs = replace(CALIBRATED, triggerer_tick=0.0)  # a tick would hand both events on at the same one
+    looking = simulate(plan, policy, caps, costs)
+    reading = simulate(plan, policy, caps, costs, trigger_looks=False)
     assert looking.moves.get("trigger_checkpoint") == 1 and "trigger_checkpoint" not in reading.moves
     assert looking.handoff < reading.handoff
+
+
+def test_a_fired_trigger_schedules_its_node_at_the_triggerers_next_tick() -> None:
+    """The triggerer starts triggers and hands their events on once a tick (Airflow's trigger runner
+    waits a second between two rounds): a child deferred on a parent whose tool ends between two ticks
+    runs up to a tick later than it would if events were handed on at once."""
+    plan = SimPlan({"p": [], "c": ["p"]}, {"p": 40.3, "c": 1.0})  # the child waits past slot_wait
+    caps = Caps(dag_cap=4, parallelism=4)
+    at_once = simulate(plan, POLICY, caps, replace(CALIBRATED, triggerer_tick=0.0))
+    ticking = simulate(plan, POLICY, caps, replace(CALIBRATED, triggerer_tick=1.0))
+    assert at_once.moves.get("defer", 0) == ticking.moves.get("defer", 0) == 1
+    assert 0.0 < ticking.handoff - at_once.handoff <= 1.0 + 1e-9
