@@ -13,7 +13,8 @@ instance states of its parents (and their parents) and asks :meth:`WaitingPolicy
   queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
 - ``STEP_ASIDE``: the parents run, but a node of the same task is ready to run and has no slot while
   nodes that cannot run yet hold them (:func:`steps_aside`): this node defers (as ``DEFER``) and the
-  ready node gets the slot, as in a static DAG, where only ready tasks hold slots. Only while the task's
+  ready node gets the slot, as in a static DAG, where only ready tasks hold slots. A node whose parents
+  run their tools steps aside only for a ready node that more of the plan waits on. Only while the task's
   own cap has room: Airflow counts a deferred instance under ``max_active_tis_per_dagrun``, so it is the
   DAG's ``max_active_tasks``, a pool or the executor's parallelism that stepping aside frees.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
@@ -74,6 +75,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
+
+from airflow_plan_provider.plan.graph import descendant_counts, topological_layers
 
 #: task instance states of a node that has finished, whatever the outcome
 FINISHED = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
@@ -445,31 +448,47 @@ def steps_aside(
     """Whether waiting node ``node`` gives its slot to a node that is ready to run and has none.
 
     ``queue`` is the nodes of ``node``'s task in map-index order, the order in which Airflow hands out
-    the task's free slots; ``state_of`` tells a node's task instance state (None: none yet). The ready
-    nodes without a slot at the head of the queue (before any node that waits for a slot but still
-    waits for its parents too) get the next free slots: for each of them one waiting node steps aside,
-    first the *far* waiters (whose parents wait on their own parents) last in the queue, then the
-    *near* ones (whose parents run their tools) last in the queue.
+    the task's free slots; ``parents`` the whole plan's; ``state_of`` tells a node's task instance state
+    (None: none yet). The ready nodes without a slot at the head of the queue (before any node that
+    waits for a slot but still waits for its parents too) get the next free slots: for each of them one
+    waiting node steps aside, first the *far* waiters (whose parents wait on their own parents) last in
+    the queue, then the *near* ones (whose parents run their tools) last in the queue. A near waiter is
+    about to run, and stepping aside costs it a round trip through the triggerer (seconds), so it does
+    only for a ready node that holds up more of the plan (more descendants,
+    :func:`~airflow_plan_provider.plan.graph.descendant_counts`): a static DAG would give its next free
+    slot to this node, ready by then, before a ready task of lower weight (Airflow's ``downstream``
+    weight rule).
 
     >>> parents = {"a": [], "b": ["a"], "c": ["b"], "d": []}
     >>> states = {"a": "running", "b": "running", "c": "running", "d": "scheduled"}
     >>> [n for n in "abcd" if steps_aside(n, "abcd", parents, states.get)]
     ['c']
+    >>> near = {"a": [], "b": ["a"], "d": [], "e": ["d"]}
+    >>> states = {"a": "running", "b": "running", "d": "scheduled"}
+    >>> [n for n in "abde" if steps_aside(n, "abde", near, states.get)]
+    ['b']
+    >>> [n for n in "abd" if steps_aside(n, "abd", {"a": [], "b": ["a"], "d": []}, states.get)]
+    []
     """
     queue = list(queue)
 
     def finished(n: str) -> bool:
         return state_of(n) in FINISHED
 
-    ready = 0
+    ready: list[str] = []
     for n in queue:
         if state_of(n) in SLOTLESS:
             if not all(map(finished, parents[n])):
                 break
-            ready += 1
+            ready.append(n)
     if not ready:
         return False
     waiting = [n for n in reversed(queue) if state_of(n) == "running" and not all(map(finished, parents[n]))]
     far = [n for n in waiting if not all(finished(g) for p in parents[n] for g in parents[p])]
     near = [n for n in waiting if n not in far]
-    return node in (far + near)[:ready]
+    if node not in (far + near)[: len(ready)]:
+        return False
+    if node in far:
+        return True
+    counts = descendant_counts(topological_layers(parents), parents)
+    return any(counts[n] > counts[node] for n in ready)

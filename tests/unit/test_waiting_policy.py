@@ -144,10 +144,25 @@ def test_far_waiters_last_in_the_queue_give_their_slots_to_ready_nodes_without_o
     assert _aside({**running, "x": "success", "y": None, "z": "scheduled"}) == ["b", "c"]
 
 
-def test_near_waiters_step_aside_when_no_far_one_is_left() -> None:
-    parents = {"p": [], "s": [], "t": [], "w": ["p"]}
+def test_near_waiters_step_aside_when_no_far_one_is_left_for_a_node_that_holds_up_more() -> None:
+    # w waits for p, which runs its tool; s and t are ready and have no slot. s has a child: more of
+    # the plan waits on s than on w, so w gives s its slot
+    parents = {"p": [], "s": [], "t": [], "w": ["p"], "u": ["s"]}
     states = {"p": "running", "w": "running", "s": None, "t": "scheduled"}
     assert _aside(states, parents) == ["w"]
+
+
+def test_a_near_waiter_keeps_its_slot_from_ready_nodes_that_hold_up_no_more_than_it() -> None:
+    """Stepping aside would cost the near waiter a trip through the triggerer, seconds, for a ready node
+    a static DAG would start after it anyway (its weight is not higher)."""
+    states = {"p": "running", "w": "running", "s": None, "t": "scheduled"}
+    assert _aside(states, {"p": [], "s": [], "t": [], "w": ["p"]}) == []
+    # w holds up a chain of two: a ready node with one child does not outrank it
+    chain = {"p": [], "s": [], "t": [], "w": ["p"], "v": ["w"], "x": ["v"], "u": ["s"]}
+    assert _aside(states, chain) == []
+    # a far waiter steps aside whatever it holds up
+    far = {"q": [], "p": ["q"], "s": [], "w": ["p"], "v": ["w"], "x": ["v"]}
+    assert _aside({"q": "running", "p": "running", "w": "running", "s": None}, far) == ["w"]
 
 
 def test_no_waiter_steps_aside_when_no_ready_node_waits_for_a_slot() -> None:
