@@ -71,8 +71,8 @@ class NodeExecution:
         does (Airflow's default for a pool): then, while ``max_active_nodes`` is None or at least the
         plan's size, a node whose parent waits for a slot waits for it on the triggerer, holding
         nothing, instead of making way (:mod:`airflow_plan_provider.plan.waiting`), which keeps lanes
-        from starving at a shared cap of 1. ``dag.test()`` runs a trigger inline until its event, so a
-        DAG run that way keeps the default.
+        from starving at a shared cap of 1. Under ``dag.test()``, which runs a trigger inline to its
+        event before any other task, such a node makes way all the same.
 
     >>> NodeExecution(retries=-1)
     Traceback (most recent call last):

@@ -269,6 +269,7 @@ class PlanNodeOperator(BaseOperator):
         self._label_sent = False
         self._label_due = float("inf")  # time.monotonic() at which the label is sent, once it starts
         self._job: JobWait | None = None  # an asynchronous tool's job started by this try, until it defers
+        self._trigger_made_way = False  # resumed by its parents trigger to make way (resume_after_parents)
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -418,6 +419,7 @@ class PlanNodeOperator(BaseOperator):
             sleep=self.sleep_sending_label,
             checkpoints=self.checkpoints,
             made_way=int(context.get("task_reschedule_count") or 0),
+            trigger_made_way=self._trigger_made_way,
             task_cap=self.max_active_tis_per_dagrun,
             pools_count_deferred=self.pools_count_deferred,
             checkpoint_keys={p.id: run.key(run.plan.node(p.id)) for p in run.brief.parents}
@@ -468,6 +470,8 @@ class PlanNodeOperator(BaseOperator):
             validate_parents_event(event)
         except TriggerEventError as error:
             raise self._start(context).fail(str(error)) from error
+        # the trigger let the node go for a parent that needs a slot: this try makes way, not defers again
+        self._trigger_made_way = event is not None and event.get("status") == "make_way"
         self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:

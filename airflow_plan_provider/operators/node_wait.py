@@ -38,6 +38,9 @@ class SlotWait:
         (a parent saves it the moment its tool returns, before its record and its task's end reach the
         metadata database), so the node starts without waiting for those.
     :param made_way: how many times the node made way already (Airflow's reschedule count).
+    :param trigger_made_way: the node's trigger ended its deferral because a parent needs a slot (run
+        inline, or its deferral holds a cap): this try makes way for that parent rather than
+        deferring again.
     :param task_cap: the node task's ``max_active_tis_per_dagrun``.
     :param pools_count_deferred: whether the node task's pool counts deferred instances
         (``NodeExecution.pools_count_deferred``); with ``task_cap``, whether the node, deferred, holds
@@ -57,6 +60,7 @@ class SlotWait:
     pick_up: Callable[[Iterable[str]], dict[str, NodeRecord]]
     checkpoints: bool = True
     made_way: int = 0
+    trigger_made_way: bool = False
     task_cap: int | None = None
     pools_count_deferred: bool = False
     checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
@@ -72,7 +76,9 @@ class SlotWait:
         self.tasks = self._where(self.parent_ids)
         self.grandparents = self._where(sorted({g for gs in brief.grandparents.values() for g in gs}))
         self.one_by_one = self.policy.reads_one_by_one(brief.plan_size)
-        self.free_deferral = deferral_is_free(self.task_cap, brief.plan_size, self.pools_count_deferred)
+        self.free_deferral = not self.trigger_made_way and deferral_is_free(
+            self.task_cap, brief.plan_size, self.pools_count_deferred
+        )
         near = {self.node_id: self.parent_ids, **{p: brief.grandparents.get(p, []) for p in self.parent_ids}}
         #: node id -> its task instance's key in a read (Airflow's ``<task id>_<map index>``)
         keys = {

@@ -56,7 +56,10 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param artifact_store: the store the checkpoints are in (None: the default store).
     :param free_deferral: the deferred node holds nothing another instance could wait for
         (:class:`~airflow_plan_provider.plan.waiting.WaitView`): it keeps waiting for a parent that
-        needs a slot, instead of making way.
+        needs a slot, instead of making way. Only on a triggerer (which gives a trigger its task
+        instance): run inline, as ``dag.test()`` runs a deferred task's trigger in the task's own
+        process to its first event before any other task runs, the trigger cannot wait for a parent
+        that needs a slot, and makes way.
     """
 
     def __init__(
@@ -123,13 +126,17 @@ class ParentsFinishedTrigger(BaseTrigger):
                 )
                 failures = 0
             move = POLICY.trigger_move(
-                parent_states(states, self.run_id, self.parents), free_deferral=self.free_deferral
+                parent_states(states, self.run_id, self.parents), free_deferral=self._free()
             )
             if move is None and await self._saved_before_next_read(states):
                 move = Wait.READY
             if move is not None:
                 yield TriggerEvent({"status": move.value})
                 return
+
+    def _free(self) -> bool:
+        """Whether the node's deferral is free here: only on a triggerer (see ``free_deferral``)."""
+        return self.free_deferral and self.task_instance is not None
 
     async def _saved_before_next_read(self, states: Mapping[str, Any]) -> bool:
         """Wait until the next read: looking, while the policy watches (every unfinished parent runs),

@@ -169,3 +169,34 @@ def test_max_nodes_beyond_what_airflow_maps_in_one_task_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"max_nodes=5000 is more than .*\[core\] max_map_length=1024"):
         build("too_many_to_map", CallLog(tmp_path), plan_=seed_plan(), limits=Limits(max_nodes=5000))
     assert build("as_many_as_mapped", CallLog(tmp_path), plan_=seed_plan(), limits=Limits(max_nodes=1024))
+
+
+def test_a_free_deferral_run_by_dag_test_makes_way_for_a_parent_in_another_lane(tmp_path):
+    """``dag.test()`` runs a deferred task's trigger inline, to its first event, before any other task
+    runs. A node whose deferral is free (``pools_count_deferred=False``) and whose parent, in a pooled
+    lane, has not run yet makes way there instead of waiting for ever: its trigger is not on a
+    triggerer, so it does not wait through a parent that needs a slot."""
+    from airflow_plan_provider.dag_factory import build_plan_dag
+    from airflow_plan_provider.testing import ScriptedTool, scripted_registry
+
+    log = CallLog(tmp_path)
+    registry = scripted_registry(
+        ScriptedTool("fetch", log=log, returns={"rows": 3}, pool="default_pool"),
+        ScriptedTool("report", log=log, returns={"report": "done"}),
+    )
+    plan_ = {
+        "goal": "fetch, then report",
+        "nodes": [
+            {"id": "b", "action": "report", "tool": "report", "params": {}},
+            {"id": "a", "action": "fetch", "tool": "fetch", "params": {}},
+        ],
+        "edges": [{"from": "a", "to": "b"}],
+    }
+    execution = NodeExecution(retry_delay=timedelta(0), pools_count_deferred=False)
+    dag = build_plan_dag(
+        "free_lane", planner=ScriptedPlanner(plan_), tools=registry, execution=execution, replan=False
+    )
+    run = run_plan_dag(dag)
+    assert str(run.state) == "success"
+    assert (log.count("fetch"), log.count("report")) == (1, 1)
+    assert xcom(run, FINALIZE_TASK)["outputs"]["b"] == {"report": "done"}

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -237,12 +238,18 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
     validate_parents_event(events[0].payload)
 
 
-@pytest.mark.parametrize(("free_deferral", "expected"), [(False, "make_way"), (True, "ready")])
+@pytest.mark.parametrize(
+    ("free_deferral", "on_a_triggerer", "expected"),
+    [(False, True, "make_way"), (True, True, "ready"), (True, False, "make_way")],
+    ids=["deferral holds a cap", "free deferral", "free deferral run inline"],
+)
 def test_a_free_deferral_waits_through_a_parent_needing_a_slot(
-    monkeypatch: pytest.MonkeyPatch, free_deferral: bool, expected: str
+    monkeypatch: pytest.MonkeyPatch, free_deferral: bool, on_a_triggerer: bool, expected: str
 ) -> None:
     """A parent goes back to waiting for a slot (a retry): the trigger releases the node (make way)
-    unless its deferral holds nothing, when it keeps waiting until the parent finished."""
+    unless its deferral holds nothing, when it keeps waiting until the parent finished. Only on a
+    triggerer, which gives the trigger its task instance: run inline (``dag.test()`` runs a trigger in
+    the task's process to its first event, before any other task), it would wait for ever."""
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     states = iter(["running", "up_for_retry", "scheduled", "success"])
@@ -258,6 +265,8 @@ def test_a_free_deferral_waits_through_a_parent_needing_a_slot(
         poll_interval=0.01,
         free_deferral=free_deferral,
     )
+    if on_a_triggerer:
+        trigger.task_instance = SimpleNamespace(task_id=NODES_TASK, map_index=3)
     assert [event.payload for event in events_of(trigger)] == [{"status": expected}]
 
 
