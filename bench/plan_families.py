@@ -77,14 +77,11 @@ class Generated:
     def caps(self) -> Caps:
         """The bench's layout (``_planbench.plan_dag_source``): the DAG's ``max_active_tasks`` and the
         executor's parallelism ``cap``, the node task's own cap above both (it counts no deferred node
-        the DAG's cap would not), and the plan DAG's default ``NodeExecution.pools_count_deferred``
-        (True: its nodes do not take their deferral to be free, and make way for a parent that needs a
-        slot)."""
+        the DAG's cap would not)."""
         return Caps(
             task_cap=max(self.cap, self.size),
             dag_cap=self.cap,
             parallelism=self.cap,
-            pool_counts_deferred=True,
             lane_pools=dict(self.lane_pools),
         )
 
