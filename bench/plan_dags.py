@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _planbench import Bench, Question, compare, main, plan_dag_source, print_breakdown, static_dag_source
 from depth import Depth
 from plan_families import FAMILIES, Generated, generate
+from results import beside
 from seed import Seed
 from unbalanced import Unbalanced
 from wide import Wide
@@ -137,8 +138,8 @@ def record(saved: Sequence[Path], result: Path, command: str) -> None:
     write_record(result, {"question": "families-airflow", **base}, rows, "Generated plans")
     for family in dict.fromkeys(name.split("-")[0] for name, _, _ in rows):
         mine = [row for row in rows if row[0].split("-")[0] == family]
-        path = result.with_name(f"{result.name[:10]}-families-airflow-{family}.json")
-        write_record(path, {"question": f"families-airflow-{family}", **base}, mine, f"The {family} plans")
+        question = f"families-airflow-{family}"
+        write_record(beside(result, question), {"question": question, **base}, mine, f"The {family} plans")
 
 
 def write_record(path: Path, fields: dict[str, Any], rows: list[tuple[str, str, Any]], what: str) -> None:

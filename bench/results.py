@@ -96,6 +96,14 @@ def load(folder: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
+def beside(path: Path, question: str) -> Path:
+    """The file of a measurement of ``question`` taken today (UTC), in ``path``'s folder: named as
+    :func:`load` expects (one family's row beside its run's own record, say)."""
+    import time
+
+    return path.with_name(f"{time.strftime('%Y-%m-%d', time.gmtime())}-{question}.json")
+
+
 def _check_name(path: Path, record: dict[str, Any]) -> None:
     """A file is named after its measurement's date (day) and question."""
     day = record["date"][:10]

@@ -35,6 +35,7 @@ if __package__ in (None, ""):
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
 from bench.plan_families import FAMILIES
+from bench.results import beside
 from bench.simulator import families, heldout
 from bench.simulator.calibrate import calibrate, figures
 from bench.simulator.engine import simulate
@@ -202,7 +203,7 @@ def run_families(args: argparse.Namespace) -> int:
             if not g:
                 continue
             write_result(
-                family_record(args.json, "families-sim", family),
+                beside(args.json, f"families-sim-{family}"),
                 question=f"families-sim-{family}",
                 title=f"The {family} family, simulated: plan DAG vs static DAG",
                 command=command,
@@ -214,13 +215,6 @@ def run_families(args: argparse.Namespace) -> int:
                 note=f"the {family} plans of the {args.families} drawn (caps 1-32), seed {args.seed}",
             )
     return 0 if groups["all"]["deadlocks"] == 0 else 1
-
-
-def family_record(path: Path, question: str, family: str) -> Path:
-    """The ``bench/results/`` file of one family's row, beside ``path`` (the run's own record)."""
-    import time
-
-    return path.with_name(f"{time.strftime('%Y-%m-%d', time.gmtime())}-{question}-{family}.json")
 
 
 def run_sessions(args: argparse.Namespace) -> int:
