@@ -25,6 +25,10 @@ Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whos
 ``nodes__<pool>`` built with that pool, mapping over its own ``select_nodes__<pool>`` task. A registry
 without pooled tools builds exactly the tasks above.
 
+Sessions in turn: every task built here weighs its instances with
+:class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn` (:data:`SESSIONS_IN_TURN`): when runs
+share slots, an earlier session's instances go first. ``operator_args={"weight_rule": ...}`` replaces it.
+
 Approval: with a tool marked ``needs_approval`` (or ``ApprovalPolicy("always")``), an ``approve`` task
 between ``plan`` and the first node tasks waits for a human when the plan needs it, and skips itself when
 it does not.
@@ -82,6 +86,9 @@ if TYPE_CHECKING:
 # an instance's label, ``id · action``, from its mapped value (contract.mapped_label); when Airflow gets it:
 # PlanNodeOperator.instance_label
 MAP_INDEX_TEMPLATE = "{{ task.instance_label }}"
+# the weight rule of every task built here, by the name the plugin registers it under (a DAG file does not
+# import the scheduler's side of it)
+SESSIONS_IN_TURN = "airflow_plan_provider.sessions_in_turn.SessionsInTurn"
 
 log = logging.getLogger(__name__)
 _checked_stores: set[str | None] = set()  # artifact stores already checked in this process
@@ -150,7 +157,7 @@ class _PlanTasks:
             approval=approval,
             asks_approval=asks,
             repair_attempts=repair_attempts,
-            operator_args=check_operator_args(operator_args),
+            operator_args={"weight_rule": SESSIONS_IN_TURN, **check_operator_args(operator_args)},
             ready_plan=plan,
             catalog=catalog,
         )

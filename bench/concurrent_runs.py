@@ -66,6 +66,8 @@ from _proc import breakdown, snapshot
 from _statsd import SCHEDULER_LOOP, loop_summary
 from node_tax import PROBE, probe_records, request_kind
 
+from bench.simulator.families import quantile
+
 PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
 BOOKENDS_DAG = "bench_concurrent_bookends"
 POOL = "bench_pool"
@@ -134,6 +136,7 @@ def figures(
     first_node = min((start for start, _ in segments), default=first_start)
     last_node = max((end for _, end in segments), default=first_node)
     makespans = sorted(r.makespan for r in runs)
+    latencies = sorted(r.trigger_to_done for r in runs)  # a session's wait: its trigger → its end
     # the scheduler's loops while any run of the batch was on
     loops = bench.metrics.timings(SCHEDULER_LOOP, min(r.trigger for r in runs), max(r.run_end for r in runs))
     return {
@@ -146,6 +149,8 @@ def figures(
         "ideal nodes/min": slots / sleep * 60,
         "pool utilisation": tool_seconds / (slots * window),
         "makespan min/median/max": [makespans[0], median(makespans), makespans[-1]],
+        "latency p50 s": median(latencies),
+        "latency p95 s": quantile(latencies, 0.95),
         "slot-s per node": held / max(len(node_tis), 1),
         "lead-in s": first_node - first_start,
         "tail s": last_end - last_node,
@@ -229,10 +234,18 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--plan-in-conf", action="store_true", help=PLAN_IN_CONF_HELP)
     parser.add_argument("--report", type=Path, help="print the table of a --json file; run nothing")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="with --report: write its figures as a bench/results record (the question"
+        " concurrent-20x20 or, with Celery workers, celery-scale-out) to this file",
+    )
     args = parser.parse_args()
     if args.report:
         saved = json.loads(args.report.read_text())
         report(saved["header"], saved["rounds"])
+        if args.record:
+            write_record(args.record, saved, command=" ".join(["python", *sys.argv]))
         return 0
     if args.celery_workers and args.db != "postgresql":
         parser.error("the CeleryExecutor needs --db postgresql")
@@ -321,7 +334,10 @@ def main() -> int:
                 f" {load_before} before, {load_note()} after",
             ]
             if args.json:
-                args.json.write_text(json.dumps({"header": header, "rounds": rounds}, default=str))
+                setup = {"executor": executor, "db": args.db}
+                args.json.write_text(
+                    json.dumps({"header": header, "setup": setup, "rounds": rounds}, default=str)
+                )
     finally:
         bench.stop()
     report(header, rounds)
@@ -333,6 +349,50 @@ def main() -> int:
         for kind in r
     )
     return 0 if ok else 1
+
+
+def write_record(path: Path, saved: dict[str, Any], command: str) -> None:
+    """A ``bench/results/`` record of a ``--json`` file: the plan DAG's throughput and its sessions'
+    latency (p50, p95) next to the static DAG's, medians over the rounds."""
+    import subprocess
+
+    rounds = saved["rounds"]
+
+    def ratio(key: str) -> float:
+        return median(r["plan"][key] for r in rounds) / median(r["static"][key] for r in rounds)
+
+    ratios = {"throughput": ratio("nodes/min"), "p50": ratio("latency p50 s"), "p95": ratio("latency p95 s")}
+    figures = {
+        f"{kind}_{name}": round(median(r[kind][key] for r in rounds), 1)
+        for kind in ("plan", "static")
+        for name, key in (
+            ("nodes_per_min", "nodes/min"),
+            ("p50_s", "latency p50 s"),
+            ("p95_s", "latency p95 s"),
+        )
+    } | {f"{name}_ratio": round(value, 3) for name, value in ratios.items()}
+    header, setup = saved["header"][0], saved["setup"]
+    celery = "CeleryExecutor" in setup["executor"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    record = {
+        "question": "celery-scale-out" if celery else "concurrent-20x20",
+        "title": "scale-out: sessions sharing a pool, CeleryExecutor"
+        if celery
+        else "20 sessions x 20 nodes, pool of 8",
+        "script": "concurrent_runs.py",
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, {setup['executor']}, {setup['db']}",
+        "commit": commit.strip(),
+        "headline": f"{ratios['throughput']:.2f} x static throughput"
+        f" ({figures['plan_nodes_per_min']} vs {figures['static_nodes_per_min']} nodes/min); session latency"
+        f" p50 {ratios['p50']:.2f} x, p95 {ratios['p95']:.2f} x static",
+        "figures": figures,
+        "target": "throughput >= 0.95 x static; session latency p50, p95 <= 1.1 x static",
+        "met": ratios["throughput"] >= 0.95 and ratios["p50"] <= 1.1 and ratios["p95"] <= 1.1,
+        "note": f"{header}; medians of {len(rounds)} rounds",
+    }
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def cut_scheduler_profile(folder: Path, name: str) -> None:
@@ -385,6 +445,8 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         ("nodes executed (tool calls)", "tool calls", "{:.0f}"),
         ("window: first task start → last task end, s", "window s", "{:.1f}"),
         ("throughput, nodes/min", "nodes/min", "{:.1f}"),
+        ("session latency (trigger → end) p50, s", "latency p50 s", "{:.1f}"),
+        ("session latency p95, s", "latency p95 s", "{:.1f}"),
         ("pool utilisation (tool-s / (slots x window))", "pool utilisation", "{:.2f}"),
         ("slot-s held per node", "slot-s per node", "{:.2f}"),
         ("lead-in: first task start → first node start, s", "lead-in s", "{:.1f}"),

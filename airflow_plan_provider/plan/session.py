@@ -170,6 +170,21 @@ def replan_run_id(root_run_id: str, revision: int) -> str:
     return f"{root_run_id}__replan_{revision}"
 
 
+def session_root_run_id(run_id: str) -> str:
+    """The root run's id of the session run ``run_id`` belongs to, read from the id alone
+    (:func:`replan_run_id`'s inverse; any other id is a root run's).
+
+    >>> session_root_run_id("manual__2026-12-06T04:00:00+00:00__replan_2")
+    'manual__2026-12-06T04:00:00+00:00'
+    >>> session_root_run_id("manual__2026-12-06T04:00:00+00:00")
+    'manual__2026-12-06T04:00:00+00:00'
+    >>> session_root_run_id("nightly__replan_")
+    'nightly__replan_'
+    """
+    root, marker, revision = run_id.rpartition("__replan_")
+    return root if marker and root and revision.isascii() and revision.isdigit() else run_id
+
+
 def replan_conf(state: SessionState) -> dict[str, Any]:
     """What finalize prepares for the run that plans and executes ``state`` (a session
     :func:`prepare_replan` made): its goal and the whole session (that run's conf only names it)."""

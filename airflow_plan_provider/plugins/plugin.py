@@ -1,6 +1,8 @@
 """The Airflow plugin of the plan view: a "Plan" tab on every DAG run's page, served by the API server.
 
-The plugin also gives the run type of a replan run a label in the UI
+The plugin also registers the plan DAGs' weight rule
+(:class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn`: sessions sharing slots finish in
+turn), gives the run type of a replan run a label in the UI
 (:class:`~airflow_plan_provider.compat.RunTypeLabels`), and in a scheduler whose LocalExecutor forks
 the task processes it imports what a plan DAG's tasks need, once, before any task starts
 (:mod:`airflow_plan_provider.preload`).
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_plan_provider.plugins.routes import URL_PREFIX, URL_ROUTE
+from airflow_plan_provider.sessions_in_turn import SessionsInTurn
 
 
 @cache
@@ -39,6 +42,7 @@ class PlanViewPlugin(AirflowPlugin):
     """The plan view: the plan graph of a run by layers, its revisions and diffs, and each node's record."""
 
     name = "plan_view"
+    priority_weight_strategies = [SessionsInTurn]
 
     @classmethod
     def on_load(cls, *args: Any, **kwargs: Any) -> None:

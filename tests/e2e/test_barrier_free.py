@@ -1,7 +1,7 @@
 """Barrier-free nodes on a real scheduler (LocalExecutor, SQLite): a node starts when its own parents
-finish, a cap smaller than the plan's width with a retrying parent does not deadlock, and concurrent
-runs on SQLite complete while another writer holds the database lock for longer than an API request's
-default timeout."""
+finish, a cap smaller than the plan's width with a retrying parent does not deadlock, sessions sharing a
+pool run in turn, and concurrent runs on SQLite complete while another writer holds the database lock
+for longer than an API request's default timeout."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,13 @@ from harness.sqlite import LOCK_TIMEOUT
 pytestmark = pytest.mark.e2e
 
 DAG_FILE = Path(__file__).parent / "dags" / "barrier_free_dags.py"
-DAGS = ("e2e_unbalanced", "e2e_cap_2_retrying_root", "e2e_dag_cap_2_retrying_root", "e2e_sqlite_diamond")
+DAGS = (
+    "e2e_unbalanced",
+    "e2e_cap_2_retrying_root",
+    "e2e_dag_cap_2_retrying_root",
+    "e2e_sqlite_diamond",
+    "e2e_sessions_in_turn",
+)
 LOCKED = "database is locked"
 HOLD = 8.0  # seconds another writer holds the lock
 
@@ -89,6 +96,36 @@ def test_a_cap_of_two_with_a_root_that_retries_twice_completes(
     assert log.count("flaky") == 3 and log.count("quick") == 9
     result = airflow.session_result(dag_id, run_id)
     assert result is not None and (result.status, result.reason) == ("completed", "goal_met")
+
+
+def test_sessions_sharing_a_pool_run_in_turn(cluster: tuple[AirflowCluster, Path]) -> None:
+    """Three sessions triggered without a logical date, their nine nodes waiting for a pool of no slot;
+    then the pool gets one slot. Every instance of a session outranks every instance of a later one
+    (Airflow would otherwise hand the slot out by map index: a, a, a, b, b, b, ...), so the sessions'
+    nodes run one session after the other, in the order the sessions were triggered."""
+    airflow, _ = cluster
+    dag_id, pool = "e2e_sessions_in_turn", "e2e_sessions"
+    airflow.api("POST", "/pools", {"name": pool, "slots": 0, "include_deferred": False})
+    run_ids = [airflow.trigger(dag_id, {"goal": f"session {i}"}) for i in range(3)]
+
+    def nodes(run_id: str) -> list[dict[str, Any]]:
+        return [ti for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == NODES_TASK]
+
+    deadline = time.monotonic() + 240
+    while not all(
+        [ti["state"] for ti in nodes(run_id)] == ["scheduled"] * 3 for run_id in run_ids
+    ):  # every session planned, its nodes waiting for the pool
+        assert time.monotonic() < deadline, {run_id: nodes(run_id) for run_id in run_ids}
+        time.sleep(1.0)
+    airflow.api("PATCH", f"/pools/{pool}", {"pool": pool, "slots": 1, "include_deferred": False})
+    for run_id in run_ids:
+        assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
+    # one weight per session (every node of it), each session one below the one before
+    weights = [sorted({ti["priority_weight"] for ti in nodes(run_id)}) for run_id in run_ids]
+    first = weights[0][0]
+    assert weights == [[first], [first - 1], [first - 2]], weights
+    starts = [sorted(ti["start_date"] for ti in nodes(run_id)) for run_id in run_ids]
+    assert starts[0][-1] < starts[1][0] and starts[1][-1] < starts[2][0], starts
 
 
 @contextlib.contextmanager

@@ -107,3 +107,20 @@ e2e_sqlite_diamond = build_plan_dag(
     execution=NodeExecution(max_active_nodes=3, retries=0),
     replan=False,
 )
+
+# three independent nodes whose instances share a pool (created by the test) with the other sessions'
+SESSIONS_POOL = "e2e_sessions"
+TRIO = {
+    "goal": "three roots",
+    "nodes": [{"id": node, "action": f"root {node}", "tool": "quick"} for node in ("a", "b", "c")],
+}
+
+e2e_sessions_in_turn = build_plan_dag(
+    "e2e_sessions_in_turn",
+    planner=ScriptedPlanner(TRIO),
+    tools=scripted_registry(
+        ScriptedTool("quick", log=call_log("e2e_sessions_in_turn"), returns="q", sleep=0.2)
+    ),
+    execution=NodeExecution(pool=SESSIONS_POOL, retries=0),
+    replan=False,
+)
