@@ -225,7 +225,7 @@ class Simulation:
         trigger_looks: bool = True,
         resumed_first: bool = False,
         runs_undated: bool = False,
-        earlier_runs_first: bool = False,
+        sessions_in_turn: bool = True,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -237,9 +237,9 @@ class Simulation:
         self.trigger_looks = trigger_looks  # False: a deferred node's trigger reads states only
         # a node its trigger resumed goes before every node not yet resumed (a higher priority weight)
         self.resumed_first = resumed_first
-        # runs without a logical date (the scheduler's order then falls to the map index); node
-        # instances weighted by their run's creation, earlier runs first
-        self.runs_undated, self.earlier_runs_first = runs_undated, earlier_runs_first
+        # runs without a logical date (the scheduler's order then falls to the map index); a plan run's
+        # node instances weighed as the package's SessionsInTurn does: less the session's rank
+        self.runs_undated, self.sessions_in_turn = runs_undated, sessions_in_turn
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
@@ -440,13 +440,16 @@ class Simulation:
 
     def _expand(self, run: Run) -> None:
         run.expanded = True
+        rank = 0
+        if self.sessions_in_turn and not run.static:
+            rank = sum(1 for r in self.runs[: run.index] if r.trigger_at <= self.now and r.end is None)
         for task, nodes in run.tasks.items():
             for index, node in enumerate(nodes):
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
                 if self.runs_undated:  # no logical date: the runs' instances interleave by map index
                     ti.key = (ti.key[0], 0, index, task, run.index)  # type: ignore[assignment]
-                if self.earlier_runs_first:  # a weight that falls with the run's creation
-                    ti.key = (ti.key[0] - 10**4 * (len(self.runs) - run.index), *ti.key[1:])  # type: ignore[assignment]
+                if rank:  # a weight one lower per unfinished run created before this one
+                    ti.key = (ti.key[0] + rank, *ti.key[1:])  # type: ignore[assignment]
                 ti.parents_left = len(run.plan.parents[node])
         for node, ti in run.tis.items():
             if node in (PLAN_TASK, FINALIZE_TASK):

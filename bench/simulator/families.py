@@ -244,7 +244,7 @@ def sessions(
     policy: Policy | None = None,
     costs: Costs = CALIBRATED,
     undated: bool = False,
-    earlier_first: bool = False,
+    in_turn: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """``concurrent_runs.py``'s batch in the simulator: ``runs`` sessions of the 20-node plan (4 layers
     of 5, node i of layer k needs nodes i and i+1 of layer k-1, tools 1 s) triggered at once, node
@@ -252,8 +252,9 @@ def sessions(
     cap above it; then the same as static DAG runs. Per DAG: each session's latency (trigger → end)
     p50 and p95, and the batch's throughput (nodes per minute, first start → last end). ``undated``: the
     runs have no logical date (as the bench triggers them), so the scheduler's order falls to the map
-    index and the runs' instances interleave; ``earlier_first``: the plan DAG's node instances weighted
-    by their run's creation, earlier runs first (the static DAG keeps Airflow's downstream weights)."""
+    index and the runs' instances interleave; ``in_turn``: the plan DAG's node instances weighed as
+    the package's ``SessionsInTurn`` does, less their session's rank (the static DAG keeps Airflow's
+    downstream weights)."""
     from bench.simulator.engine import Simulation
     from bench.simulator.model import Caps, SimPlan
 
@@ -273,7 +274,7 @@ def sessions(
             costs,
             static=kind == "static",
             runs_undated=undated,
-            earlier_runs_first=earlier_first and kind == "plan",
+            sessions_in_turn=in_turn,
         )
         result = sim.run()
         latencies = sorted(r.end - r.trigger_at for r in sim.runs if r.end is not None)

@@ -177,3 +177,63 @@ def test_a_node_whose_parents_saved_their_results_starts_on_them_without_reading
     assert wait({"a"}) == (Wait.READY, {"a"}, [["a", "b"]], 1)
     # a node task that keeps no checkpoints never looks for them
     assert wait({"a", "b"}, checkpoints=False) == (Wait.READY, set(), [], 1)
+
+
+@pytest.mark.parametrize(
+    ("scheduled_in_dag", "cap", "expected"),
+    [(1, None, "wait"), (3, None, "step_aside"), (3, 2, "wait")],
+    ids=["only its own run's", "two in other runs", "two in other runs, task cap full"],
+)
+def test_a_waiting_node_steps_aside_for_an_instance_of_another_run_that_waits_for_a_slot(
+    scheduled_in_dag: int, cap: int | None, expected: str
+) -> None:
+    """Sessions sharing a pool: a node whose parents run keeps its slot only while no instance of its
+    task in another run of the DAG waits for one (counted across the DAG's runs, less this run's); the
+    count is asked at most every ``elsewhere_read`` seconds."""
+    from airflow_plan_provider.contract import NodeBrief, node_briefs
+    from airflow_plan_provider.operators.node_wait import SlotWait
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.plan.waiting import WaitingPolicy
+
+    # a runs its tool, b waits for it, c (scheduled) waits for b
+    plan = validate_plan(
+        {
+            "nodes": [{"id": n, "action": "work", "tool": "t"} for n in ("a", "b", "c")],
+            "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}],
+        }
+    )
+    run = RunContext(execution_order=plan.run_order)
+    briefs = {
+        b["node"]["id"]: NodeBrief.model_validate(b)
+        for group in node_briefs(plan, run).values()
+        for b in group
+    }
+    index = {node: i for i, node in enumerate(plan.run_order)}
+    states = {
+        f"{NODES_TASK}_{index[n]}": s for n, s in {"a": "running", "b": "running", "c": "scheduled"}.items()
+    }
+    counts: list[dict[str, Any]] = []
+
+    def get_ti_count(**query: Any) -> int:
+        counts.append(query)
+        return scheduled_in_dag
+
+    ti = SimpleNamespace(
+        dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1, get_ti_count=get_ti_count
+    )
+    waiting = SlotWait(
+        ti=ti,
+        brief=briefs["b"],
+        whole=lambda: (plan, run),
+        policy=WaitingPolicy(),
+        log=logging.getLogger("t"),
+        pick_up=lambda node_ids: {},
+        task_cap=cap,
+    )
+    kinds = {str(waiting.policy.next_move(waiting._view(states, waited=0.0)).kind) for _ in range(3)}
+    assert kinds == {expected}
+    # one count for the three reads (within elsewhere_read), of this task's scheduled instances in every run
+    assert counts == (
+        [] if cap == 2 else [{"dag_id": "d", "task_ids": [NODES_TASK], "states": ["scheduled"]}]
+    )
