@@ -70,6 +70,7 @@ from bench.simulator.families import quantile
 
 PLAN_DAG, STATIC_DAG = "bench_concurrent_plan", "bench_concurrent_static"
 BOOKENDS_DAG = "bench_concurrent_bookends"
+DOWNSTREAM_DAG = "bench_concurrent_plan_downstream"
 POOL = "bench_pool"
 LAYERS, WIDTH = 4, 5
 PARALLELISM = 16
@@ -215,6 +216,12 @@ def main() -> int:
         " run's shape costs on its own)",
     )
     parser.add_argument(
+        "--downstream",
+        action="store_true",
+        help="another batch per round: the plan DAG with Airflow's downstream weight rule instead of"
+        " sessions in turn (every session's instances of one weight)",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="load node_tax.py's probe into the cluster's processes: per task, the CPU of its processes and"
@@ -281,6 +288,19 @@ def main() -> int:
             ),
         )
         kinds.append(("bookends", BOOKENDS_DAG, False))
+    if args.downstream:
+        bench.write_dag(
+            DOWNSTREAM_DAG,
+            plan_dag_source(
+                DOWNSTREAM_DAG,
+                bench.calls_folder,
+                PARALLELISM,
+                pool=POOL,
+                max_active_runs=args.runs,
+                operator_args={"weight_rule": "downstream"},
+            ),
+        )
+        kinds.append(("downstream", DOWNSTREAM_DAG, True))
     workers = [f"worker-{chr(ord('a') + i)}" for i in range(args.celery_workers)]
     per_worker = PARALLELISM // len(workers) if workers else None
     executor = f"CeleryExecutor, {len(workers)} workers of {per_worker} slots" if workers else "LocalExecutor"
@@ -459,10 +479,13 @@ def report(header: list[str], rounds: list[dict[str, Any]]) -> None:
         ("scheduler loop ms, median", "loop ms", "{:.0f}"),
         ("scheduler loop ms, p95", "loop p95 ms", "{:.0f}"),
     ]
-    kinds = [kind for kind in ("plan", "static", "bookends") if all(kind in r for r in rounds)]
-    # the ratios printed: plan / static, and with bookends, bookends / static and plan / bookends
-    ratios = [("plan", "static")] + (
-        [("bookends", "static"), ("plan", "bookends")] if "bookends" in kinds else []
+    kinds = [kind for kind in ("plan", "static", "bookends", "downstream") if all(kind in r for r in rounds)]
+    # the ratios printed: plan / static, and with bookends, bookends / static and plan / bookends; with
+    # the downstream plan DAG, it / static
+    ratios = (
+        [("plan", "static")]
+        + ([("bookends", "static"), ("plan", "bookends")] if "bookends" in kinds else [])
+        + ([("downstream", "static")] if "downstream" in kinds else [])
     )
     print(
         f"  {'':<48}"

@@ -67,8 +67,6 @@ class SlotWait:
     artifact_store: str | None = None
     sleep: Callable[[float], None] = time.sleep
     picked: dict[str, NodeRecord] = field(default_factory=dict)
-    #: the last count of the task's instances waiting for a slot in other runs, and when it was read
-    elsewhere: tuple[float, int] | None = None
 
     def __post_init__(self) -> None:
         brief = self.brief
@@ -225,30 +223,7 @@ class SlotWait:
             pollers=sum(state == "running" for state in states.values()),
             checkpoints=self.checkpoints,
             free_deferral=self.free_deferral,
-            waiting_elsewhere=lambda: self._waiting_elsewhere(states),
         )
-
-    def _waiting_elsewhere(self, states: Mapping[str, Any]) -> int:
-        """How many instances of this node's task wait for a slot (scheduled) in the DAG's other runs:
-        every run's, counted in one request (at most every ``elsewhere_read`` seconds), less this
-        run's in ``states``. A failed count is 0: it costs the other runs the slot, never this node."""
-        now = time.monotonic()
-        if self.elsewhere is not None and now - self.elsewhere[0] < self.policy.elsewhere_read:
-            return self.elsewhere[1]
-        ti = self.ti
-        try:
-            scheduled = int(ti.get_ti_count(dag_id=ti.dag_id, task_ids=[ti.task_id], states=["scheduled"]))
-        except Exception as error:
-            self.log.debug(
-                "node %s: could not count the scheduled instances of its task: %s", self.node_id, error
-            )
-            scheduled = 0
-        own = sum(
-            state == "scheduled" and key.rpartition("_")[0] == ti.task_id and key.rpartition("_")[2].isdigit()
-            for key, state in states.items()
-        )
-        self.elsewhere = (now, max(0, scheduled - own))
-        return self.elsewhere[1]
 
     def _read(self) -> dict[str, Any]:
         """:meth:`_read_states`; any failure of the read raised as :class:`_ReadFailed`."""

@@ -12,14 +12,11 @@ instance states of its parents (and their parents) and asks :meth:`WaitingPolicy
 - ``DEFER``: the parents have their slots but are slow (the in-slot bound passed, a parent stays
   queued, or a parent waits on the triggerer for a job): wait on the triggerer, holding no worker slot.
 - ``STEP_ASIDE``: the parents run, but a node of the same task is ready to run and has no slot while
-  nodes that cannot run yet hold them (:func:`steps_aside`), or an instance of the same task in another
-  run of the DAG waits for a slot (``WaitView.waiting_elsewhere``: sessions sharing a pool, where the
-  scheduler gave this slot to this run's node because its session is earlier): this node defers (as
-  ``DEFER``) and the slot goes to an instance that can use it, as in a static DAG, where only ready
-  tasks hold slots. A node whose parents run their tools steps aside only for a ready node of its run
-  that more of the plan waits on. Only while the task's own cap has room: Airflow counts a deferred
-  instance under ``max_active_tis_per_dagrun``, so it is the DAG's ``max_active_tasks``, a pool or the
-  executor's parallelism that stepping aside frees.
+  nodes that cannot run yet hold them (:func:`steps_aside`): this node defers (as ``DEFER``) and the
+  ready node gets the slot, as in a static DAG, where only ready tasks hold slots. A node whose parents
+  run their tools steps aside only for a ready node that more of the plan waits on. Only while the task's
+  own cap has room: Airflow counts a deferred instance under ``max_active_tis_per_dagrun``, so it is the
+  DAG's ``max_active_tasks``, a pool or the executor's parallelism that stepping aside frees.
 - ``MAKE_WAY``: a parent has not started (no state yet, scheduled, up for retry or reschedule): it
   needs a slot, so give this one back (the node reschedules itself) and look again after ``Move.after``
   seconds (:meth:`WaitingPolicy.make_way_delay`). A node whose deferral holds nothing
@@ -55,9 +52,8 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    run above a later one's, which only puts whole runs before others). Take the unfinished node ``u``
    earliest in that order: its parents all finished, and every other unfinished instance of its task
    comes after it. Every instance holding a slot or cap of ``u``'s task lets go within a bounded time
-   or when a running instance finishes (1 to 3; a node that steps aside for another run's instance
-   defers), so a slot frees, and ``u`` gets it before any later instance. ``u`` runs; by induction
-   every node runs. Caps shared by several tasks (pools, the DAG's
+   or when a running instance finishes (1 to 3), so a slot frees, and ``u`` gets it before any later
+   instance. ``u`` runs; by induction every node runs. Caps shared by several tasks (pools, the DAG's
    ``max_active_tasks``, parallelism) count no deferred or rescheduled instance, and a running waiter
    lets go within its bound, so they free too.
 5. Across the tasks of pooled lanes the scheduler's order is the map index of each task, not the
@@ -139,8 +135,6 @@ class WaitView:
         its task's cap cannot fill (none, or at least as many as the task has instances) and its pool
         counts no deferred instance (:func:`deferral_is_free`). Such a node waits on the triggerer for a
         parent that needs a slot, instead of making way.
-    :param waiting_elsewhere: how many instances of this node's task in the DAG's other runs wait for a
-        slot (scheduled); asked only when the node would keep its slot (a read of its own).
     """
 
     node: str
@@ -155,7 +149,6 @@ class WaitView:
     pollers: int = 0
     checkpoints: bool = True
     free_deferral: bool = False
-    waiting_elsewhere: Callable[[], int] = lambda: 0
 
 
 @dataclass(frozen=True)
@@ -182,8 +175,6 @@ class WaitingPolicy:
         each instance with its run's conf and decodes the conf once per instance, so a full read grows
         with the plan's size times the conf's (``bench/conf_decode.py``); one by one, a run's state
         reads stay cheap whatever its conf holds.
-    :param elsewhere_read: how often a node keeping its slot asks how many instances of its task wait
-        for a slot in the DAG's other runs (``WaitView.waiting_elsewhere``; one request each time).
     :param make_way_first: the delay after a node's first make-way, doubling after each one ...
     :param make_way_max: ... up to this. Not less than 5 s: Airflow (3.3) fails a rescheduled instance
         that is queued again before the executor's report of its previous exit reaches the scheduler
@@ -204,7 +195,6 @@ class WaitingPolicy:
     poll_farthest: float = 4.0
     state_rows_per_second: float = 5000.0
     read_all_states_up_to: int = 100
-    elsewhere_read: float = 5.0
     make_way_first: float = 5.0
     make_way_max: float = 20.0
     trigger_poll: float = 0.5
@@ -240,9 +230,6 @@ class WaitingPolicy:
         <Wait.WAIT: 'wait'>
         >>> WaitingPolicy().next_move(WaitView("b", parents, {"a": "up_for_retry"}.get))
         Move(kind=<Wait.MAKE_WAY: 'make_way'>, after=5.0, near=False)
-        >>> elsewhere = WaitView("b", parents, {"a": "running"}.get, waiting_elsewhere=lambda: 3)
-        >>> WaitingPolicy().next_move(elsewhere).kind
-        <Wait.STEP_ASIDE: 'step_aside'>
         """
         kind = self.parents_wait([view.state_of(p) for p in view.parents[view.node]], view.waited)
         if kind is Wait.MAKE_WAY and view.free_deferral:
@@ -254,10 +241,7 @@ class WaitingPolicy:
         if (
             view.complete
             and not task_cap_full(view.queue, view.state_of, view.task_cap)
-            and (
-                steps_aside(view.node, view.queue, view.parents, view.state_of)
-                or view.waiting_elsewhere() > 0
-            )
+            and steps_aside(view.node, view.queue, view.parents, view.state_of)
         ):
             return Move(Wait.STEP_ASIDE)
         grandparents = [view.state_of(g) for p in view.parents[view.node] for g in view.parents[p]]
