@@ -18,8 +18,9 @@ its root run began (:func:`~airflow_plan_provider.plan.session.session_root_run_
 Airflow asks for the weight when it creates an instance (and when one is cleared), in the process
 creating it: the scheduler when it expands the node tasks, the API server when it creates a run. The
 rank is read there, in the caller's database session when the thread has one open (it sees the
-caller's own, not yet committed rows), else in a short session of its own. A database error costs the
-order only: the instance keeps the default weight.
+caller's own, not yet committed rows), else in a short session of its own; the instances of a run
+created within ``RANK_KEPT`` seconds share one read. A database error costs the order only: the instance
+keeps the default weight.
 
 Plan DAGs built by :func:`~airflow_plan_provider.dag_factory.build_plan_dag` and
 :func:`~airflow_plan_provider.dag_factory.plan_task_group` use it (``weight_rule`` in ``operator_args``
@@ -30,6 +31,7 @@ component that reads a serialized DAG.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from airflow.task.priority_strategy import PriorityWeightStrategy, _DownstreamPriorityWeightStrategy
@@ -48,7 +50,25 @@ class SessionsInTurn(PriorityWeightStrategy):
     def get_weight(self, ti: TaskInstance) -> int:
         weight = _DownstreamPriorityWeightStrategy().get_weight(ti)
         # Airflow 3.1 also asks while it builds an instance, before the instance has its run
-        return weight - session_rank(ti.dag_id, ti.run_id) if ti.run_id else weight
+        return weight - _recent_rank(ti.dag_id, ti.run_id) if ti.run_id else weight
+
+
+#: (dag id, run id) -> (when, rank): the scheduler asks once per instance (twice on some releases) as it
+#: expands a node task, so a run's instances created within ``RANK_KEPT`` seconds share one read
+_ranks: dict[tuple[str, str], tuple[float, int]] = {}
+RANK_KEPT = 2.0
+
+
+def _recent_rank(dag_id: str, run_id: str) -> int:
+    key, now = (dag_id, run_id), time.monotonic()
+    kept = _ranks.get(key)
+    if kept is not None and now - kept[0] < RANK_KEPT:
+        return kept[1]
+    if len(_ranks) > 1024:
+        _ranks.clear()
+    rank = session_rank(dag_id, run_id)
+    _ranks[key] = (now, rank)
+    return rank
 
 
 def session_rank(dag_id: str, run_id: str) -> int:
