@@ -30,7 +30,7 @@ NEWEST_AIRFLOW_TESTS ?= tests/unit tests/airflow $(PURE_CORE_SLOWEST)
 # on each older release: the unit tests that touch Airflow, the seed story with its replan chain, approval,
 # a frozen plan, the plan view's data, the private names of compat.py, and every test of a feature that
 # differs between Airflow versions (retry policy, planning's kept plan, metrics, DAG serialization, the
-# HITL events)
+# plan DAGs' weight rule, the HITL events)
 OLDER_AIRFLOW_TESTS ?= tests/unit $(PURE_CORE_SLOWEST) \
 	tests/airflow/test_replan.py::test_seed_story_replans_node_5_and_reuses_the_rest \
 	tests/airflow/test_replan.py::test_two_replans_then_complete \
@@ -43,7 +43,7 @@ OLDER_AIRFLOW_TESTS ?= tests/unit $(PURE_CORE_SLOWEST) \
 	tests/airflow/test_dag_run.py::test_a_rate_limited_node_waits_as_long_as_its_tool_asks_where_airflow_has_retry_policies \
 	tests/airflow/test_events.py::test_node_outcomes_durations_and_tokens_reach_statsd \
 	tests/airflow/test_dag_version.py::test_example_dags_serialize_the_same_in_two_processes \
-	tests/airflow/test_provider.py tests/airflow/test_compat.py
+	tests/airflow/test_sessions_in_turn.py tests/airflow/test_provider.py tests/airflow/test_compat.py
 PY := $(VENV)/bin/python
 PORT ?= 8080
 # pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
