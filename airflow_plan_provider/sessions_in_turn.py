@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import cache
 from typing import TYPE_CHECKING
 
-from airflow.task.priority_strategy import PriorityWeightStrategy, _DownstreamPriorityWeightStrategy
+from airflow.task.priority_strategy import PriorityWeightStrategy, validate_and_load_priority_weight_strategy
 
 if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
@@ -48,9 +49,16 @@ class SessionsInTurn(PriorityWeightStrategy):
     <airflow_plan_provider.sessions_in_turn>`)."""
 
     def get_weight(self, ti: TaskInstance) -> int:
-        weight = _DownstreamPriorityWeightStrategy().get_weight(ti)
+        weight = downstream().get_weight(ti)
         # Airflow 3.1 also asks while it builds an instance, before the instance has its run
         return weight - _recent_rank(ti.dag_id, ti.run_id) if ti.run_id else weight
+
+
+@cache
+def downstream() -> PriorityWeightStrategy:
+    """Airflow's default weight rule, as Airflow loads it (loaded on first use: the plugin imports this
+    module while Airflow loads its plugins)."""
+    return validate_and_load_priority_weight_strategy("downstream")
 
 
 #: (dag id, run id) -> (when, rank): the scheduler asks once per instance (twice on some releases) as it

@@ -15,7 +15,6 @@ import pytest
 from airflow.models.dagrun import DagRun
 from airflow.models.taskinstance import TaskInstance
 from airflow.serialization import serialized_objects
-from airflow.task.priority_strategy import _DownstreamPriorityWeightStrategy
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 
@@ -23,7 +22,7 @@ from airflow_plan_provider import build_plan_dag
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK
 from airflow_plan_provider.dag_factory import SESSIONS_IN_TURN
 from airflow_plan_provider.plan.session import replan_run_id
-from airflow_plan_provider.sessions_in_turn import SessionsInTurn, session_rank
+from airflow_plan_provider.sessions_in_turn import SessionsInTurn, downstream, session_rank
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 # DagSerialization since Airflow 3.2, SerializedDAG before
@@ -128,9 +127,7 @@ def test_every_task_of_a_plan_dag_weighs_its_instances_by_session(
     assert f"{SessionsInTurn.__module__}.{SessionsInTurn.__qualname__}" == SESSIONS_IN_TURN
     for task_id in tasks:
         task = dag.get_task(task_id)
-        default = _DownstreamPriorityWeightStrategy().get_weight(
-            TaskInstance(task, run_id="s0", map_index=0, dag_version_id=None)
-        )
+        default = downstream().get_weight(TaskInstance(task, run_id="s0", map_index=0, dag_version_id=None))
         weights = [weight(dag, task_id, run_id) for run_id in ("s0", "s1", "s2", "s3")]
         assert weights == [default, default - 1, default - 3, default - 4], task_id
     # within a run, Airflow's own order stands: the plan task above its nodes, the nodes above finalize
