@@ -42,7 +42,7 @@ FLOORS = [
     ("tools/*", "hooks/*"),
     ("plan/*",),
     ("contract.py", "artifacts.py", "planners/*"),
-    ("settings.py", "trigger_form.py", "triggers/*", "freeze.py", "testing/*"),
+    ("settings.py", "trigger_form.py", "triggers/*", "sessions_in_turn.py", "freeze.py", "testing/*"),
     ("operators/*", "local_runner.py"),
     ("dag_factory.py", "cli.py"),
     ("__init__.py", "preload.py"),
