@@ -363,7 +363,7 @@ def plan_dag_source(
     cap: int,
     max_nodes: int = 200,
     pool: str | None = None,
-    node_cap: bool = True,
+    node_cap: bool | int = True,
     slot_wait: float | None = None,
     **dag: Any,
 ) -> str:
@@ -375,8 +375,10 @@ def plan_dag_source(
     the run's conf names as ``plan_file`` (:meth:`Bench.handed_over`); it also runs a plan given in the
     run's conf itself. Its one tool
     ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
-    # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task
-    execution = f"max_active_nodes={max(cap, max_nodes) if node_cap else None}, pool={pool!r}"
+    # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task; a number: that cap
+    if isinstance(node_cap, bool):
+        node_cap = max(cap, max_nodes) if node_cap else None
+    execution = f"max_active_nodes={node_cap}, pool={pool!r}"
     if slot_wait is not None:
         execution += f", slot_wait=timedelta(seconds={slot_wait!r})"
     limits = f"max_nodes={max_nodes}"

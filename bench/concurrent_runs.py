@@ -223,6 +223,12 @@ def main() -> int:
         " sessions in turn (every session's instances of one weight)",
     )
     parser.add_argument(
+        "--node-cap",
+        type=int,
+        help="the plan DAGs' NodeExecution.max_active_nodes: the most node instances one session holds"
+        " (default: none below the plan's size)",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="load node_tax.py's probe into the cluster's processes: per task, the CPU of its processes and"
@@ -265,7 +271,14 @@ def main() -> int:
     load_before = load_note()
     bench.write_dag(
         PLAN_DAG,
-        plan_dag_source(PLAN_DAG, bench.calls_folder, PARALLELISM, pool=POOL, max_active_runs=args.runs),
+        plan_dag_source(
+            PLAN_DAG,
+            bench.calls_folder,
+            PARALLELISM,
+            pool=POOL,
+            node_cap=args.node_cap or True,
+            max_active_runs=args.runs,
+        ),
     )
     bench.write_dag(
         STATIC_DAG,
@@ -297,6 +310,7 @@ def main() -> int:
                 bench.calls_folder,
                 PARALLELISM,
                 pool=POOL,
+                node_cap=args.node_cap or True,
                 max_active_runs=args.runs,
                 operator_args={"weight_rule": "downstream"},
             ),
@@ -351,7 +365,9 @@ def main() -> int:
             header = [
                 f"Concurrent sessions: {args.runs} x {n_nodes} nodes ({LAYERS} layers of {WIDTH}, tools"
                 f" sleep {args.sleep:g} s), pool {POOL} of {args.slots} slots, parallelism {PARALLELISM},"
-                f" {executor}, {args.db}; {time.strftime('%Y-%m-%d %H:%M %Z')};"
+                f" {executor}, {args.db}"
+                + (f", plan DAGs' node cap {args.node_cap} per session" if args.node_cap else "")
+                + f"; {time.strftime('%Y-%m-%d %H:%M %Z')};"
                 f" {load_before} before, {load_note()} after",
             ]
             if args.json:
