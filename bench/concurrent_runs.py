@@ -371,7 +371,12 @@ def main() -> int:
                 f" {load_before} before, {load_note()} after",
             ]
             if args.json:
-                setup = {"executor": executor, "db": args.db, "command": " ".join(["python", *sys.argv])}
+                setup = {
+                    "executor": executor,
+                    "db": args.db,
+                    "node_cap": args.node_cap,
+                    "command": " ".join(["python", *sys.argv]),
+                }
                 args.json.write_text(
                     json.dumps({"header": header, "setup": setup, "rounds": rounds}, default=str)
                 )
@@ -416,12 +421,16 @@ def write_record(path: Path, saved: dict[str, Any]) -> None:
             figures[f"downstream_{name}_ratio"] = round(downstream, 3)
     header, setup = saved["header"][0], saved["setup"]
     celery = "CeleryExecutor" in setup["executor"]
+    cap = setup.get("node_cap")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     record = {
-        "question": "celery-scale-out" if celery else "concurrent-20x20",
-        "title": "scale-out: sessions sharing a pool, CeleryExecutor"
-        if celery
-        else "20 sessions x 20 nodes, pool of 8",
+        "question": ("celery-scale-out" if celery else "concurrent-20x20") + ("-node-cap" if cap else ""),
+        "title": (
+            "scale-out: sessions sharing a pool, CeleryExecutor"
+            if celery
+            else "20 sessions x 20 nodes, pool of 8"
+        )
+        + (f", node cap {cap} per session" if cap else ""),
         "script": "concurrent_runs.py",
         "command": setup["command"],
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
