@@ -10,10 +10,12 @@ the slots and every one of them ends near the end of the batch.
 :class:`SessionsInTurn` weighs an instance as Airflow's default rule does (``downstream``: the task's
 ``priority_weight`` plus its descendants'), less its session's *rank*: how many of the DAG's unfinished
 runs (queued or running) began before the session did. The oldest session keeps the default weight and
-each later one ranks one lower, so a free slot goes to the oldest session with a ready instance. Within
-a run nothing changes (every task of it is lowered by the same rank), and against other DAGs' tasks a
-plan DAG's instance never ranks above what the default rule gives it. A replan run continues the session
-its root run began (:func:`~airflow_plan_provider.plan.session.session_root_run_id`): it ranks with it.
+each later one ranks one lower, so a free slot goes to the oldest session with an instance waiting for
+one (ready or not: see docs/plan-dag.md, "Sessions in turn", for what that costs and the cap that pays it
+back). Within a run nothing changes (every task of it is lowered by the same rank), and against other
+DAGs' tasks a plan DAG's instance never ranks above what the default rule gives it. A replan run
+continues the session its root run began
+(:func:`~airflow_plan_provider.plan.session.session_root_run_id`): it ranks with it.
 
 Airflow asks for the weight when it creates an instance (and when one is cleared), in the process
 creating it: the scheduler when it expands the node tasks, the API server when it creates a run. The

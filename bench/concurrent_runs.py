@@ -252,7 +252,8 @@ def main() -> int:
         "--record",
         type=Path,
         help="with --report: write its figures as a bench/results record (the question"
-        " concurrent-20x20 or, with Celery workers, celery-scale-out) to this file",
+        " concurrent-20x20 or, with Celery workers, celery-scale-out; with --node-cap, -node-cap after"
+        " it) to this file",
     )
     args = parser.parse_args()
     if args.report:
@@ -269,17 +270,20 @@ def main() -> int:
     seconds = {n["id"]: args.sleep for n in plan["nodes"]}
     bench = Bench("bench-concurrent", args.db, plan_in_conf=args.plan_in_conf)
     load_before = load_note()
-    bench.write_dag(
-        PLAN_DAG,
-        plan_dag_source(
-            PLAN_DAG,
+
+    def write_plan_dag(dag_id: str, **dag: Any) -> None:
+        source = plan_dag_source(
+            dag_id,
             bench.calls_folder,
             PARALLELISM,
             pool=POOL,
             node_cap=args.node_cap or True,
             max_active_runs=args.runs,
-        ),
-    )
+            **dag,
+        )
+        bench.write_dag(dag_id, source)
+
+    write_plan_dag(PLAN_DAG)
     bench.write_dag(
         STATIC_DAG,
         static_dag_source(
@@ -303,18 +307,7 @@ def main() -> int:
         )
         kinds.append(("bookends", BOOKENDS_DAG, False))
     if args.downstream:
-        bench.write_dag(
-            DOWNSTREAM_DAG,
-            plan_dag_source(
-                DOWNSTREAM_DAG,
-                bench.calls_folder,
-                PARALLELISM,
-                pool=POOL,
-                node_cap=args.node_cap or True,
-                max_active_runs=args.runs,
-                operator_args={"weight_rule": "downstream"},
-            ),
-        )
+        write_plan_dag(DOWNSTREAM_DAG, operator_args={"weight_rule": "downstream"})
         kinds.append(("downstream", DOWNSTREAM_DAG, True))
     workers = [f"worker-{chr(ord('a') + i)}" for i in range(args.celery_workers)]
     per_worker = PARALLELISM // len(workers) if workers else None
@@ -399,26 +392,24 @@ def write_record(path: Path, saved: dict[str, Any]) -> None:
     import subprocess
 
     rounds = saved["rounds"]
+    # each measure: its name in the ratios, its figure's name, its key in a batch's figures
+    measures = [("throughput", "nodes_per_min", "nodes/min"), ("p50", "p50_s", "latency p50 s")]
+    measures.append(("p95", "p95_s", "latency p95 s"))
 
-    def ratio(key: str) -> float:
-        return median(r["plan"][key] for r in rounds) / median(r["static"][key] for r in rounds)
+    def mid(kind: str, key: str) -> float:
+        return median(r[kind][key] for r in rounds)
 
-    ratios = {"throughput": ratio("nodes/min"), "p50": ratio("latency p50 s"), "p95": ratio("latency p95 s")}
+    def ratios_of(kind: str) -> dict[str, float]:
+        return {name: mid(kind, key) / mid("static", key) for name, _, key in measures}
+
+    ratios = ratios_of("plan")
     figures = {
-        f"{kind}_{name}": round(median(r[kind][key] for r in rounds), 1)
+        f"{kind}_{figure}": round(mid(kind, key), 1)
         for kind in ("plan", "static")
-        for name, key in (
-            ("nodes_per_min", "nodes/min"),
-            ("p50_s", "latency p50 s"),
-            ("p95_s", "latency p95 s"),
-        )
+        for _, figure, key in measures
     } | {f"{name}_ratio": round(value, 3) for name, value in ratios.items()}
     if all("downstream" in r for r in rounds):  # --downstream: the plan DAG without sessions in turn
-        for name, key in (("throughput", "nodes/min"), ("p50", "latency p50 s"), ("p95", "latency p95 s")):
-            downstream = median(r["downstream"][key] for r in rounds) / median(
-                r["static"][key] for r in rounds
-            )
-            figures[f"downstream_{name}_ratio"] = round(downstream, 3)
+        figures |= {f"downstream_{name}_ratio": round(v, 3) for name, v in ratios_of("downstream").items()}
     header, setup = saved["header"][0], saved["setup"]
     celery = "CeleryExecutor" in setup["executor"]
     cap = setup.get("node_cap")
