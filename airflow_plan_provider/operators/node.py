@@ -270,6 +270,7 @@ class PlanNodeOperator(BaseOperator):
         self._label_due = float("inf")  # time.monotonic() at which the label is sent, once it starts
         self._job: JobWait | None = None  # an asynchronous tool's job started by this try, until it defers
         self._trigger_made_way = False  # resumed by its parents trigger to make way (resume_after_parents)
+        self._came_back = False  # resumed by its parents trigger to wait near them (resume_after_parents)
 
     def _policy(self) -> WaitingPolicy:
         """The waiting policy of this node task (its ``slot_wait``; every other number the default)."""
@@ -420,6 +421,7 @@ class PlanNodeOperator(BaseOperator):
             checkpoints=self.checkpoints,
             made_way=int(context.get("task_reschedule_count") or 0),
             trigger_made_way=self._trigger_made_way,
+            came_back=self._came_back,
             task_cap=self.max_active_tis_per_dagrun,
             pools_count_deferred=self.pools_count_deferred,
             checkpoint_keys={p.id: run.key(run.plan.node(p.id)) for p in run.brief.parents}
@@ -427,6 +429,8 @@ class PlanNodeOperator(BaseOperator):
             else {},
             artifact_store=self.artifact_store,
         )
+        if self._came_back:
+            self.log.info("node %s: parents run their tools; waiting for them in its slot", run.node.id)
         move = waiting.wait()
         if move.kind is Wait.READY:
             return waiting.picked
@@ -472,6 +476,8 @@ class PlanNodeOperator(BaseOperator):
             raise self._start(context).fail(str(error)) from error
         # the trigger let the node go for a parent that needs a slot: this try makes way, not defers again
         self._trigger_made_way = event is not None and event.get("status") == "make_way"
+        # the trigger let the node go to wait near its parents, once a try: its next deferral waits to the end
+        self._came_back = event is not None and event.get("status") == "wait"
         self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:

@@ -41,6 +41,9 @@ class SlotWait:
     :param trigger_made_way: the node's trigger ended its deferral because a parent needs a slot (run
         inline, or its deferral holds a cap): this try makes way for that parent rather than
         deferring again.
+    :param came_back: the node's trigger ended its deferral for it to wait near its parents, which run
+        their tools (``wait``, once a try): its next deferral waits to the end, and its grandparents
+        had all finished (a node reading one by one, which does not read them, counts them so).
     :param task_cap: the node task's ``max_active_tis_per_dagrun``.
     :param pools_count_deferred: whether the node task's pool counts deferred instances
         (``NodeExecution.pools_count_deferred``); with ``task_cap``, whether the node, deferred, holds
@@ -61,6 +64,7 @@ class SlotWait:
     checkpoints: bool = True
     made_way: int = 0
     trigger_made_way: bool = False
+    came_back: bool = False
     task_cap: int | None = None
     pools_count_deferred: bool = False
     checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
@@ -89,6 +93,11 @@ class SlotWait:
         self.parents: Mapping[str, list[str]] = _BriefFirst(near, self._whole_parents)
         self.keys: Mapping[str, str] = _BriefFirst(keys, self._whole_keys)
         self.queue: Sequence[str] = _WholeQueue(self._whole_queue)
+
+    @cached_property
+    def grandparents_finished(self) -> list[str]:
+        """The grandparents' instance keys: those a node that came back to wait saw finished."""
+        return [key for keys in self._grandparent_keys().values() for key in keys]
 
     def _where(self, node_ids: Iterable[str]) -> dict[str, list[int]]:
         """Task id (with the group's prefix) -> the map indexes of ``node_ids``' instances."""
@@ -137,7 +146,19 @@ class SlotWait:
             checkpoints=checkpoints,
             artifact_store=self.artifact_store,
             free_deferral=self.free_deferral,
+            grandparents=None if self.came_back else self._grandparent_keys(),
         )
+
+    def _grandparent_keys(self) -> dict[str, list[str]]:
+        """Each parent's instance → its own parents' instances (``<task id>_<map index>``), from the
+        brief."""
+        brief, keyed = self.brief, {}
+        for parent in self.parent_ids:
+            task, index = brief.location(parent)
+            keyed[f"{self.prefix}{task}_{index}"] = [
+                "{}{}_{}".format(self.prefix, *brief.location(g)) for g in brief.grandparents.get(parent, [])
+            ]
+        return keyed
 
     def wait(self) -> Move:
         """Wait until the policy says READY (the parents finished, or their checkpoints were all picked
@@ -210,6 +231,9 @@ class SlotWait:
 
     def _view(self, states: Mapping[str, Any], waited: float) -> WaitView:
         keys = self.keys
+        if self.came_back and self.one_by_one:  # its trigger saw every grandparent finished
+            grandparents = self.grandparents_finished
+            states = {**states, **{key: "success" for key in grandparents if key not in states}}
         return WaitView(
             node=self.node_id,
             parents=self.parents,

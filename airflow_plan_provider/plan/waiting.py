@@ -26,7 +26,13 @@ instance states of its parents (and their parents) and asks :meth:`WaitingPolicy
 A deferred node's trigger asks :meth:`WaitingPolicy.trigger_move` after each read: ``READY`` and
 ``MAKE_WAY`` end the deferral (the node resumes and asks :meth:`~WaitingPolicy.next_move` again); None
 keeps it waiting, and while every unfinished parent runs (:meth:`WaitingPolicy.trigger_watches`) the
-trigger looks for their checkpoints until its next read: all found is ``READY`` too. A read that fails
+trigger looks for their checkpoints until its next read: all found is ``READY`` too. ``WAIT`` ends the
+deferral once a try, when the parents start their tools while the node is deferred (a read saw one wait
+on its own parents, a later one sees every unfinished parent running with its own parents finished:
+:meth:`WaitingPolicy.parents_run_tools`): the node comes back to wait for them in a slot, as a near
+waiter, so that its start after their end is the near waiter's pick-up of their checkpoints, not the
+triggerer's hand-off and a second task start; the task start this costs happens while the parents'
+tools run. A node that deferred on parents already running their tools (past ``slot_wait``) waits on. A read that fails
 (the API server restarting, the metadata database away) is a rule of the policy too
 (:meth:`WaitingPolicy.after_failed_read`): read again after a growing pause while the in-slot bound
 lasts, then wait on the triggerer; a failed read never fails the node.
@@ -43,7 +49,9 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
 3. A deferred node holds its task's cap only while its parents have started: the trigger releases it
    (``MAKE_WAY``) as soon as one goes back to waiting for a slot (a retry), and the node then makes way.
    A node with a free deferral holds no cap an instance could wait for (its task's cap is at least the
-   plan's size, its pool counts no deferred instance), so it waits on the triggerer throughout.
+   plan's size, its pool counts no deferred instance), so it waits on the triggerer throughout. A node
+   that comes back to wait (``WAIT``, once a try) asks for a slot again as any scheduled instance does,
+   and holds it only as point 2 says; its next deferral waits to the end.
    Deferrals are free for every node of a run or for none (one ``max_active_nodes`` for every node
    task, bounded by the plan's size; one setting for the pools), so no node holds a cap while deferred
    on a parent that waits on the triggerer for a slot of its own ancestor.
@@ -59,8 +67,9 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
 5. Across the tasks of pooled lanes the scheduler's order is the map index of each task, not the
    plan's order, so under a cap the tasks share (the DAG's ``max_active_tasks``, parallelism) an
    instance of one lane that cannot run yet may get a freed slot before ``u``. With free deferrals it
-   does so at most once per try of its own (it defers, and its trigger resumes it only once its
-   parents finished or saved their checkpoints: to run), so such slots are finitely many and ``u``
+   does so at most twice per try of its own (it defers; its trigger resumes it once to wait near its
+   parents, and then only once they finished or saved their checkpoints: to run), so such slots are
+   finitely many and ``u``
    gets one. A node that makes way comes back after each delay instead, without bound: with a shared
    cap of 1 and lanes whose task cap can fill or whose pools count deferred instances, nodes that make
    way again and again can take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps
@@ -352,23 +361,65 @@ class WaitingPolicy:
 
     # -- the node on the triggerer ---------------------------------------------------------------------
 
-    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
+    def trigger_move(
+        self,
+        states: Iterable[str | None],
+        free_deferral: bool = False,
+        grandparents: Iterable[Iterable[str | None]] | None = None,
+    ) -> Wait | None:
         """A deferred node's trigger, after a read of its parents' states: READY (every parent
-        finished), MAKE_WAY (one needs a slot again: the node lets go of its task's cap), or None (keep
+        finished), MAKE_WAY (one needs a slot again: the node lets go of its task's cap), WAIT (the
+        parents run their tools: the node comes back to wait for them in a slot), or None (keep
         waiting; a running, queued or deferred parent holds no slot of this node's). A node whose
         deferral holds nothing (``free_deferral``, see :class:`WaitView`) keeps waiting for a parent
         that needs a slot too.
+
+        ``grandparents``: for each parent (in the order of ``states``), its own parents' states; given
+        only while the node may come back to wait (it has not in this try, and an earlier read of this
+        trigger saw a parent wait on its own parents). WAIT when the parents run their tools
+        (:meth:`parents_run_tools`).
 
         >>> WaitingPolicy().trigger_move(["success", "queued"]) is None
         True
         >>> policy = WaitingPolicy()
         >>> policy.trigger_move(["scheduled"]), policy.trigger_move(["scheduled"], free_deferral=True)
         (<Wait.MAKE_WAY: 'make_way'>, None)
+        >>> policy.trigger_move(["running", "success"], grandparents=[["success"], ["running"]])
+        <Wait.WAIT: 'wait'>
+        >>> policy.trigger_move(["running"], grandparents=[["running"]]) is None
+        True
         """
+        states = list(states)
         kind = self.parents_wait(states, waited=0.0)
         if kind is Wait.MAKE_WAY and free_deferral:
             return None
-        return kind if kind in (Wait.READY, Wait.MAKE_WAY) else None
+        if kind in (Wait.READY, Wait.MAKE_WAY):
+            return kind
+        if grandparents is not None and self.parents_run_tools(states, grandparents):
+            return Wait.WAIT
+        return None
+
+    def parents_run_tools(
+        self, states: Iterable[str | None], grandparents: Iterable[Iterable[str | None]]
+    ) -> bool:
+        """Whether every unfinished parent (``states``) runs its tool: it is running and its own parents
+        (``grandparents``, per parent in the same order) have finished.
+
+        >>> policy = WaitingPolicy()
+        >>> policy.parents_run_tools(["running", "success"], [["success"], ["running"]])
+        True
+        >>> policy.parents_run_tools(["running"], [["success", "running"]])
+        False
+        """
+        states = list(states)
+        if not self.trigger_watches(states):
+            return False
+        return all(
+            g in FINISHED
+            for state, gs in zip(states, grandparents, strict=True)
+            if state not in FINISHED
+            for g in gs
+        )
 
     def trigger_watches(self, states: Iterable[str | None]) -> bool:
         """Whether a deferred node's trigger, waiting on after a read of its parents' states, looks for

@@ -31,8 +31,11 @@ def parent_states(
 
 class ParentsFinishedTrigger(BaseTrigger):
     """Poll the states of the mapped task instances ``parents`` (task id → map indexes) of one run until
-    all have finished (``{"status": "ready"}``), or until one of them waits for a slot again
-    (``{"status": "make_way"}``: the deferred node lets go of its task's cap, see the module docstring).
+    all have finished (``{"status": "ready"}``), until one of them waits for a slot again
+    (``{"status": "make_way"}``: the deferred node lets go of its task's cap, see the module docstring),
+    or, given ``grandparents``, until the parents start their tools (``{"status": "wait"}``: the node
+    comes back to wait for them in a slot, :meth:`~.WaitingPolicy.trigger_move`; not when they ran
+    their tools at the first read already).
 
     Between two reads, while every unfinished parent runs, the trigger looks for the parents'
     checkpoints (``checkpoints``, in ``artifact_store``; :meth:`~.WaitingPolicy.trigger_watches`): a
@@ -54,6 +57,9 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param checkpoints: each parent instance (``<task id>_<map index>``) → the key of its node's
         checkpoint; empty when the DAG keeps none (the trigger then reads states only).
     :param artifact_store: the store the checkpoints are in (None: the default store).
+    :param grandparents: each parent instance → its own parents' instances (``<task id>_<map index>``),
+        while the node may still come back to wait near its parents in this try; None: it waits to the
+        end.
     :param free_deferral: the deferred node holds nothing another instance could wait for
         (:class:`~airflow_plan_provider.plan.waiting.WaitView`): it keeps waiting for a parent that
         needs a slot, instead of making way. Only on a triggerer (which gives a trigger its task
@@ -72,6 +78,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         checkpoints: Mapping[str, str] | None = None,
         artifact_store: str | None = None,
         free_deferral: bool = False,
+        grandparents: Mapping[str, list[str]] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
@@ -81,6 +88,9 @@ class ParentsFinishedTrigger(BaseTrigger):
         self.checkpoints = dict(checkpoints or {})
         self.artifact_store = artifact_store
         self.free_deferral = free_deferral
+        self.grandparents = (
+            None if grandparents is None else {key: list(keys) for key, keys in grandparents.items()}
+        )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -93,6 +103,7 @@ class ParentsFinishedTrigger(BaseTrigger):
                 "checkpoints": self.checkpoints,
                 "artifact_store": self.artifact_store,
                 "free_deferral": self.free_deferral,
+                "grandparents": self.grandparents,
             },
         )
 
@@ -103,10 +114,11 @@ class ParentsFinishedTrigger(BaseTrigger):
             yield TriggerEvent({"status": Wait.READY.value})
             return
         failures, failing_since = 0, 0.0
+        seen_far = False  # a read saw a parent wait on its own parents: the node may come back to wait
         while True:
             try:
                 states = await shared_task_states(
-                    self.dag_id, self.run_id, sorted(self.parents), max_age=self.poll_interval
+                    self.dag_id, self.run_id, self._task_ids(), max_age=self.poll_interval
                 )
             except Exception as error:  # a service away for a while costs a delay, never the node
                 if not failures:
@@ -125,14 +137,39 @@ class ParentsFinishedTrigger(BaseTrigger):
                     time.monotonic() - failing_since,
                 )
                 failures = 0
+            parents = parent_states(states, self.run_id, self.parents)
+            grandparents = self._grandparent_states(states)
             move = POLICY.trigger_move(
-                parent_states(states, self.run_id, self.parents), free_deferral=self._free()
+                parents, free_deferral=self._free(), grandparents=grandparents if seen_far else None
+            )
+            seen_far = seen_far or (
+                grandparents is not None and not POLICY.parents_run_tools(parents, grandparents)
             )
             if move is None and await self._saved_before_next_read(states):
                 move = Wait.READY
             if move is not None:
                 yield TriggerEvent({"status": move.value})
                 return
+
+    def _task_ids(self) -> list[str]:
+        """The tasks one read returns: the parents', and while the node may come back to wait, the
+        grandparents' (a read returns every instance of the tasks asked for)."""
+        tasks = set(self.parents)
+        for keys in (self.grandparents or {}).values():
+            tasks.update(key.rpartition("_")[0] for key in keys)
+        return sorted(tasks)
+
+    def _grandparent_states(self, states: Mapping[str, Any]) -> list[list[str | None]] | None:
+        """Each parent's own parents' states (in ``parents`` order), or None when the node does not come
+        back to wait."""
+        if self.grandparents is None:
+            return None
+        mine = states.get(self.run_id, {})
+        return [
+            [mine.get(key) for key in self.grandparents.get(f"{task_id}_{index}", [])]
+            for task_id, indexes in self.parents.items()
+            for index in indexes
+        ]
 
     def _free(self) -> bool:
         """Whether the node's deferral is free here: only on a triggerer (see ``free_deferral``)."""

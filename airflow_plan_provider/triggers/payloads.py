@@ -17,9 +17,9 @@ from airflow_plan_provider.plan.waiting import Wait
 from airflow_plan_provider.tools.jobs import JobOutcome as JobOutcome  # re-exported: a job event's content
 
 JOB_STATUSES = ("done", "failed", "timeout")
-#: what the parents trigger sends: every parent finished, or one needs a slot again (the deferred node
-#: lets go of its task's cap)
-PARENTS_STATUSES = (Wait.READY.value, Wait.MAKE_WAY.value)
+#: what the parents trigger sends: every parent finished, one needs a slot again (the deferred node
+#: lets go of its task's cap), or the parents run their tools (the node comes back to wait in a slot)
+PARENTS_STATUSES = (Wait.READY.value, Wait.MAKE_WAY.value, Wait.WAIT.value)
 
 
 def _mapping(event: object, trigger: str) -> Mapping[str, Any]:
@@ -61,7 +61,8 @@ def validate_job_event(event: object) -> JobOutcome:
 
 
 def validate_parents_event(event: object) -> str:
-    """The status in a :class:`~.parents.ParentsFinishedTrigger` event: ``ready`` or ``make_way``."""
+    """The status in a :class:`~.parents.ParentsFinishedTrigger` event: ``ready``, ``make_way`` or
+    ``wait``."""
     trigger = "the parents trigger"
     return str(_status(_mapping(event, trigger), trigger, PARENTS_STATUSES))
 

@@ -61,6 +61,7 @@ class Ti:
     __slots__ = (
         "awaited",
         "began",
+        "came_back",
         "exited_at",
         "index",
         "key",
@@ -72,6 +73,7 @@ class Ti:
         "read_done",
         "reschedules",
         "run",
+        "seen_far",
         "slot_since",
         "state",
         "task",
@@ -91,6 +93,7 @@ class Ti:
         self.pace: float | None = None
         self.exited_at: float | None = None
         self.parents_left = 0
+        self.came_back = self.seen_far = False
 
 
 class Run:
@@ -226,6 +229,8 @@ class Simulation:
         resumed_first: bool = False,
         runs_undated: bool = False,
         sessions_in_turn: bool = True,
+        node_weights: str | None = None,
+        comes_back: bool = True,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -240,11 +245,21 @@ class Simulation:
         # runs without a logical date (the scheduler's order then falls to the map index); a plan run's
         # node instances weighed as the package's SessionsInTurn does: less the session's rank
         self.runs_undated, self.sessions_in_turn = runs_undated, sessions_in_turn
+        # a deferred node's trigger has it come back to wait in a slot (once a try) when its parents run
+        # their tools (WaitingPolicy.trigger_move's WAIT); False: it waits on the triggerer to the end
+        self.comes_back = comes_back
         self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self.seq = 0
         self.now = 0.0
         self.cpu = Cpu(self, costs.cores)
         self.runs = [Run(i, plan, i * run_gap, static) for i, plan in enumerate(plans)]
+        # a plan run's node instances weighed by their node: "position" (one lower per place in the
+        # plan's run order, across its tasks), "descendants" (1 + the node's descendants, as static)
+        for run in self.runs:
+            if not static and node_weights == "position":
+                run.weights = {n: len(run.plan.order) - i for i, n in enumerate(run.plan.order)}
+            elif not static and node_weights == "descendants":
+                run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
         self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []
         self.scheduled_per: dict[tuple[int, str], int] = {}
         self.due: list[tuple[float, int, Ti]] = []
@@ -579,9 +594,11 @@ class Simulation:
             pollers = sum(1 for t in tasks for n in run.tasks[t] if tis[n].state == "running")
         else:
             wanted = set(plan.parents[ti.node])
+            # a node that came back to wait counts its grandparents finished: its trigger saw them so
+            seen = {g for p in wanted for g in plan.parents[p]} if ti.came_back else set()
 
             def state_of(node: str) -> str | None:
-                return tis[node].state if node in wanted else None
+                return tis[node].state if node in wanted else "success" if node in seen else None
 
             pollers = sum(1 for p in wanted if tis[p].state == "running")
         view = WaitView(
@@ -623,12 +640,14 @@ class Simulation:
         elif move.kind in (Wait.DEFER, Wait.STEP_ASIDE):
             self._gave_back(ti)
             ti.origin = ti.read_at = -1.0  # its trigger has not read yet
+            ti.seen_far = False
             ti.pace = None
             self.set_state(ti, "deferred")
             self.at(self._triggerer_tick(now + self.costs.trigger_pickup), self._trigger, ti, ti.token)
         else:
             self._gave_back(ti)
             ti.reschedules += 1
+            ti.came_back = False  # a new start of the task: it may come back once again
             ti.exited_at = now
             self.set_state(ti, "up_for_reschedule")
             self._due(now + move.after, ti)
@@ -673,14 +692,27 @@ class Simulation:
             return
         run = ti.run
         ti.read_done = self.now
-        states = [run.tis[p].state for p in run.plan.parents[ti.node]]
-        kind = self.policy.trigger_move(states, self._free_deferral(ti))
+        parents, tis = run.plan.parents, run.tis
+        states = [tis[p].state for p in parents[ti.node]]
+        comes_back = self.comes_back and not ti.came_back
+        grandparents = [[tis[g].state for g in parents[p]] for p in parents[ti.node]] if comes_back else None
+        kind = self.policy.trigger_move(
+            states, self._free_deferral(ti), grandparents if ti.seen_far else None
+        )
+        if grandparents is not None and not self.policy.parents_run_tools(states, grandparents):
+            ti.seen_far = True
+        if kind is Wait.WAIT:
+            ti.came_back = True
+            self.out.moves["came_back"] = self.out.moves.get("came_back", 0) + 1
         if kind is not None:
             self._resume(ti)
             return
         if ti.origin < 0:  # its first read: from now on it reads every trigger_poll
             ti.origin = self.now
-            for parent in run.plan.parents[ti.node]:
+            watched = list(parents[ti.node])
+            if comes_back:  # its parents' own parents finishing tells it to come back
+                watched += [g for p in parents[ti.node] for g in parents[p]]
+            for parent in watched:
                 watchers = run.trigger_watchers.setdefault(parent, [])
                 if ti not in watchers:
                     watchers.append(ti)
@@ -780,6 +812,7 @@ class Simulation:
         ti.exited_at = None
         if ti.try_number <= self.caps.retries:
             ti.try_number += 1
+            ti.came_back = False
             ti.reschedules = 0
             self.set_state(ti, "up_for_retry")
             self._due(self.now + self.caps.retry_delay, ti)

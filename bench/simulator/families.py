@@ -88,6 +88,9 @@ MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict
     ),
     "triggerer wakes at once (pick-up 0.1 s)": (WaitingPolicy, lambda c: replace(c, trigger_pickup=0.1), {}),
     "resumed nodes go first (priority weight)": (WaitingPolicy, lambda c: c, {"resumed_first": True}),
+    "weight by place in the run order": (WaitingPolicy, lambda c: c, {"node_weights": "position"}),
+    "weight by descendants (as static)": (WaitingPolicy, lambda c: c, {"node_weights": "descendants"}),
+    "no coming back to wait near running parents": (WaitingPolicy, lambda c: c, {"comes_back": False}),
 }
 
 
@@ -224,8 +227,13 @@ class AlwaysMakeWay:
     def next_move(self, view: WaitView) -> Move:
         return self.inner.next_move(replace(view, free_deferral=False))
 
-    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
-        return self.inner.trigger_move(states)
+    def trigger_move(
+        self,
+        states: Iterable[str | None],
+        free_deferral: bool = False,
+        grandparents: Iterable[Iterable[str | None]] | None = None,
+    ) -> Wait | None:
+        return self.inner.trigger_move(states, grandparents=grandparents)
 
 
 MECHANISMS["make way, no free deferral"] = (AlwaysMakeWay, lambda c: c, {})

@@ -28,7 +28,16 @@ class Policy(Protocol):
 
     def next_move(self, view: WaitView) -> Move: ...
 
-    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None: ...
+    def trigger_move(
+        self,
+        states: Iterable[str | None],
+        free_deferral: bool = False,
+        grandparents: Iterable[Iterable[str | None]] | None = None,
+    ) -> Wait | None: ...
+
+    def parents_run_tools(
+        self, states: Iterable[str | None], grandparents: Iterable[Iterable[str | None]]
+    ) -> bool: ...
 
     def reads_one_by_one(self, plan_size: int) -> bool: ...
 
@@ -55,9 +64,19 @@ class NeverLetGo:
         move = self.inner.next_move(view)
         return Move(Wait.DEFER) if move.kind is Wait.MAKE_WAY else move
 
-    def trigger_move(self, states: Iterable[str | None], free_deferral: bool = False) -> Wait | None:
-        kind = self.inner.trigger_move(states, free_deferral)
+    def trigger_move(
+        self,
+        states: Iterable[str | None],
+        free_deferral: bool = False,
+        grandparents: Iterable[Iterable[str | None]] | None = None,
+    ) -> Wait | None:
+        kind = self.inner.trigger_move(states, free_deferral, grandparents)
         return None if kind is Wait.MAKE_WAY else kind
+
+    def parents_run_tools(
+        self, states: Iterable[str | None], grandparents: Iterable[Iterable[str | None]]
+    ) -> bool:
+        return self.inner.parents_run_tools(states, grandparents)
 
     def reads_one_by_one(self, plan_size: int) -> bool:
         return self.inner.reads_one_by_one(plan_size)

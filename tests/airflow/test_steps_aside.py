@@ -177,3 +177,55 @@ def test_a_node_whose_parents_saved_their_results_starts_on_them_without_reading
     assert wait({"a"}) == (Wait.READY, {"a"}, [["a", "b"]], 1)
     # a node task that keeps no checkpoints never looks for them
     assert wait({"a", "b"}, checkpoints=False) == (Wait.READY, set(), [], 1)
+
+
+def test_a_node_that_came_back_to_wait_defers_to_the_end_and_counts_its_parents_near() -> None:
+    """A deferred node's trigger carries the grandparents' instances, so that it can have the node come
+    back to wait near its parents; once it did (``came_back``), the next trigger carries none (once a
+    try). In a large plan, whose nodes read only their parents' instances, the node that came back
+    counts its grandparents finished (its trigger saw them so) and so looks for its parents'
+    checkpoints between reads, as a near waiter does; one that did not come back cannot tell."""
+    from airflow_plan_provider.contract import NodeBrief, node_briefs
+    from airflow_plan_provider.operators.node_wait import SlotWait
+    from airflow_plan_provider.plan.session import RunContext
+    from airflow_plan_provider.plan.validate import validate_plan
+    from airflow_plan_provider.plan.waiting import Move, Wait, WaitingPolicy
+
+    plan = validate_plan(
+        {
+            "nodes": [{"id": n, "action": "work", "tool": "t"} for n in ("a", "b", "c", "d")],
+            "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}],
+        }
+    )
+    run = RunContext(execution_order=plan.run_order)
+    briefs = {
+        b["node"]["id"]: NodeBrief.model_validate(b)
+        for group in node_briefs(plan, run).values()
+        for b in group
+    }
+    key = {node: f"{NODES_TASK}_{i}" for i, node in enumerate(plan.run_order)}
+
+    def waiting(came_back: bool, policy: WaitingPolicy = WaitingPolicy()) -> SlotWait:  # noqa: B008
+        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
+        return SlotWait(
+            ti=ti,
+            brief=briefs["d"],
+            whole=lambda: (plan, run),
+            policy=policy,
+            log=logging.getLogger("t"),
+            pick_up=lambda node_ids: {},
+            came_back=came_back,
+        )
+
+    assert waiting(False).trigger().grandparents == {key["c"]: sorted([key["a"], key["b"]])}
+    assert waiting(True).trigger().grandparents is None
+    one_by_one = WaitingPolicy(read_all_states_up_to=2)
+    parent_runs = {key["c"]: "running"}  # all a node reading one by one sees
+    moves = {
+        came_back: waiting(came_back, one_by_one).policy.next_move(
+            waiting(came_back, one_by_one)._view(parent_runs, waited=0.0)
+        )
+        for came_back in (False, True)
+    }
+    assert moves[True] == Move(Wait.WAIT, one_by_one.poll_far, near=True)
+    assert moves[False].kind is Wait.WAIT and not moves[False].near

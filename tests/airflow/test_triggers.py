@@ -172,6 +172,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         checkpoints={f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
         artifact_store="s3://bucket/plans",
         free_deferral=True,
+        grandparents={f"{NODES_TASK}_0": [f"{lane_task_id('api')}_0"], f"{NODES_TASK}_2": []},
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
@@ -183,6 +184,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         "checkpoints": {f"{NODES_TASK}_0": "plan_dag/manual__1/a/1f"},
         "artifact_store": "s3://bucket/plans",
         "free_deferral": True,
+        "grandparents": {f"{NODES_TASK}_0": [f"{lane_task_id('api')}_0"], f"{NODES_TASK}_2": []},
     }
     rebuilt = through_the_database(trigger)
     assert type(rebuilt) is ParentsFinishedTrigger
@@ -236,6 +238,43 @@ def test_parents_trigger_yields_ready_once_every_parent_finished(monkeypatch: py
         "run_ids": ["manual__1"],
     }
     validate_parents_event(events[0].payload)
+
+
+def test_parents_trigger_has_the_node_come_back_once_its_parents_start_their_tools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given the grandparents, the trigger reads their task too and sends ``wait`` once every unfinished
+    parent, seen waiting on its own parents before, runs with its own parents finished. Parents that ran
+    their tools at the first read already (the node deferred on them past its in-slot bound) are waited
+    for to the end."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    lane = lane_task_id("api")
+    far = {f"{NODES_TASK}_1": "running", f"{lane}_0": "running"}  # the parent waits on its own parent
+    near = {f"{NODES_TASK}_1": "running", f"{lane}_0": "success"}  # the parent runs its tool
+    done = {f"{NODES_TASK}_1": "success", f"{lane}_0": "success"}
+    answers = iter([far, near, done])
+    asked: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        asked.append(query)
+        return {"manual__1": next(answers)}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan_dag",
+        run_id="manual__1",
+        parents={NODES_TASK: [1]},
+        poll_interval=0.01,
+        grandparents={f"{NODES_TASK}_1": [f"{lane}_0"]},
+    )
+    assert [e.payload for e in events_of(trigger)] == [{"status": "wait"}]
+    assert len(asked) == 2
+    assert asked[0]["task_ids"] == sorted([NODES_TASK, lane])
+    validate_parents_event({"status": "wait"})
+    answers, asked[:] = iter([near, near, done]), []
+    assert [e.payload for e in events_of(trigger)] == [{"status": "ready"}]
+    assert len(asked) == 3
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,30 @@ def test_the_trigger_ignores_time() -> None:
         assert POLICY.trigger_move(states) is expected
 
 
+@pytest.mark.parametrize(
+    ("states", "grandparents", "expected"),
+    [
+        (["running"], [["success", "failed"]], Wait.WAIT),  # the parent runs its tool
+        (["running", "success"], [[], ["running"]], Wait.WAIT),  # a finished parent's own do not count
+        (["running"], [["success", "running"]], None),  # the parent still waits on its own parent
+        (["running"], [["success", None]], None),
+        (["queued"], [["success"]], None),  # a queued parent has not started its tool
+        (["running", "deferred"], [["success"], ["success"]], None),  # a parent on the triggerer
+        (["success"], [["running"]], Wait.READY),
+        (["scheduled"], [["success"]], Wait.MAKE_WAY),
+    ],
+)
+def test_a_deferred_node_comes_back_to_wait_once_its_parents_run_their_tools(
+    states: list[str | None], grandparents: list[list[str | None]], expected: Wait | None
+) -> None:
+    """Given its grandparents' states (while it may come back), the trigger has the node come back to
+    wait in a slot when every unfinished parent runs and their own parents finished: from then on the
+    node picks their results up as a near waiter does."""
+    assert POLICY.trigger_move(states, grandparents=grandparents) is expected
+    if expected is Wait.WAIT:  # without them (it came back once already) it waits to the end
+        assert POLICY.trigger_move(states) is None
+
+
 def near(grandparent_states: list[str | None]) -> bool:
     """Whether a node whose grandparents are in these states is near running (its parents run tools)."""
     return all(state in FINISHED for state in grandparent_states)
