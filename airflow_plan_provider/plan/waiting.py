@@ -32,8 +32,9 @@ on its own parents, a later one sees every unfinished parent running with its ow
 :meth:`WaitingPolicy.parents_run_tools`): the node comes back to wait for them in a slot, as a near
 waiter, so that its start after their end is the near waiter's pick-up of their checkpoints, not the
 triggerer's hand-off and a second task start; the task start this costs happens while the parents'
-tools run. A node that deferred on parents already running their tools (past ``slot_wait``) waits on. A read that fails
-(the API server restarting, the metadata database away) is a rule of the policy too
+tools run. A node that deferred on parents already running their tools (past ``slot_wait``) waits on.
+
+A read that fails (the API server restarting, the metadata database away) is a rule of the policy too
 (:meth:`WaitingPolicy.after_failed_read`): read again after a growing pause while the in-slot bound
 lasts, then wait on the triggerer; a failed read never fails the node.
 
