@@ -1,6 +1,7 @@
 """Barrier-free nodes on a real scheduler (LocalExecutor, SQLite): a node starts when its own parents
-finish, a cap smaller than the plan's width with a retrying parent does not deadlock, sessions sharing a
-pool run in turn, and concurrent runs on SQLite complete while another writer holds the database lock
+finish, a deferred node comes back to wait once its parents start their tools, a cap smaller than the
+plan's width with a retrying parent does not deadlock, sessions sharing a pool run in turn, and
+concurrent runs on SQLite complete while another writer holds the database lock
 for longer than an API request's default timeout."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DAGS = (
     "e2e_dag_cap_2_retrying_root",
     "e2e_sqlite_diamond",
     "e2e_sessions_in_turn",
+    "e2e_comes_back",
 )
 LOCKED = "database is locked"
 HOLD = 8.0  # seconds another writer holds the lock
@@ -67,6 +69,30 @@ def test_a_node_starts_when_its_own_parents_finish(cluster: tuple[AirflowCluster
     assert result.outputs == {"a": "slow", "b": "q", "c": "q", "d": "q"}
     task_ids = {ti["task_id"] for ti in airflow.task_instances("e2e_unbalanced", run_id)}
     assert task_ids == {PLAN_TASK, NODES_TASK, FINALIZE_TASK}
+
+
+def test_a_deferred_node_comes_back_to_wait_once_its_parents_start_their_tools(
+    cluster: tuple[AirflowCluster, Path],
+) -> None:
+    """Chain a (12 s) -> b (4 s) -> c, in-slot bound 4 s. c defers while b still waits on a, and comes
+    back to wait in a slot once b runs its tool; b defers on a, which runs its tool already, and waits
+    on the triggerer until a's end."""
+    airflow, calls = cluster
+    dag_id = "e2e_comes_back"
+    run_id = airflow.trigger(dag_id, {"goal": "chain"})
+    assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
+    log = CallLog(calls / dag_id)
+    a, b, c = times(log, "a"), times(log, "b"), times(log, "c")
+    assert a["end"] <= b["start"] and b["end"] <= c["start"]
+    assert {n: log.count(node=n) for n in "abc"} == dict.fromkeys("abc", 1)
+    came_back = "parents run their tools; waiting for them in its slot"
+    # map indexes follow the plan's run order: a, b, c
+    logs = {
+        node: airflow.task_log(dag_id, run_id, NODES_TASK, try_number=1, map_index=i)
+        for i, node in enumerate("abc")
+    }
+    assert "waiting on the triggerer" in logs["c"] and came_back in logs["c"], logs["c"]
+    assert "waiting on the triggerer" in logs["b"] and came_back not in logs["b"]
 
 
 @pytest.mark.parametrize(

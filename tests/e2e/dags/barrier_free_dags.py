@@ -124,3 +124,32 @@ e2e_sessions_in_turn = build_plan_dag(
     execution=NodeExecution(pool=SESSIONS_POOL, retries=0),
     replan=False,
 )
+
+# a chain whose last node defers while its parent still waits on the root, and comes back to wait in a
+# slot once that parent starts its tool; the middle node defers on a root that runs its tool already,
+# and waits on the triggerer to the end
+CHAIN = {
+    "goal": "a chain of three",
+    "nodes": [
+        {"id": "a", "action": "long root", "tool": "long"},
+        {"id": "b", "action": "after a", "tool": "middle", "dependencies": ["a"]},
+        {"id": "c", "action": "after b", "tool": "quick", "dependencies": ["b"]},
+    ],
+}
+
+_log = call_log("e2e_comes_back")
+e2e_comes_back = build_plan_dag(
+    "e2e_comes_back",
+    planner=ScriptedPlanner(CHAIN),
+    tools=scripted_registry(
+        ScriptedTool("long", log=_log, returns="a", sleep=12),
+        ScriptedTool("middle", log=_log, returns="b", sleep=4),
+        ScriptedTool("quick", log=_log, returns="c", sleep=0.2),
+    ),
+    # deferrals hold nothing (no pool counts them, the cap is the plan's size): c's trigger waits through
+    # b's return from the triggerer (scheduled again) instead of making way for it
+    execution=NodeExecution(
+        max_active_nodes=3, retries=0, slot_wait=timedelta(seconds=4), pools_count_deferred=False
+    ),
+    replan=False,
+)
