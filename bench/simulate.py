@@ -148,15 +148,15 @@ def run_families(args: argparse.Namespace) -> int:
     if args.mechanisms:
         tried = families.try_mechanisms(args.families, args.seed)
         print(f"{args.families} generated plans, plan DAG / static DAG makespan, each mechanism alone")
-        print(f"{'mechanism':<44}{'median':>8}{'p95':>7}{'worst':>7}{'<=1.05':>8}{'deadlocks':>10}")
+        print(f"{'mechanism':<64}{'median':>8}{'p95':>7}{'worst':>7}{'<=1.05':>8}{'deadlocks':>10}")
         for name, groups in tried.items():
             d = groups["all"]
             print(
-                f"{name:<44}{d['median']:>8.3f}{d['p95']:>7.3f}{d['worst']:>7.3f}"
+                f"{name:<64}{d['median']:>8.3f}{d['p95']:>7.3f}{d['worst']:>7.3f}"
                 f"{d['at_most_1.05']:>8.0%}{d['deadlocks']:>10}"
             )
         if args.json:
-            today = tried[next(iter(tried))]["all"]
+            package = tried[next(iter(tried))]["all"]
             figures_ = {
                 name: {k: g["all"][k] for k in ("median", "p95", "worst", "deadlocks")}
                 for name, g in tried.items()
@@ -166,7 +166,8 @@ def run_families(args: argparse.Namespace) -> int:
                 question="families-mechanisms",
                 title="Hand-off mechanisms tried in the simulator on generated plans",
                 command=command,
-                headline=f"today median {today['median']:.3f} x, p95 {today['p95']:.3f} x; "
+                headline=f"the package's policy: median {package['median']:.3f} x,"
+                f" p95 {package['p95']:.3f} x; "
                 + "; ".join(
                     f"{n}: {f['median']:.3f} / {f['p95']:.3f}" for n, f in list(figures_.items())[1:]
                 ),

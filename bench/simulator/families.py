@@ -77,7 +77,7 @@ class HoldWhileIdle:
 
 #: mechanism → (policy, costs change, engine options); each is the defaults but for one change
 MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict[str, Any]]] = {
-    "today (trigger looks for checkpoints)": (WaitingPolicy, lambda c: c, {}),
+    "the package's policy (comes back to wait near running parents)": (WaitingPolicy, lambda c: c, {}),
     "trigger reads states only": (WaitingPolicy, lambda c: c, {"trigger_looks": False}),
     "slot_wait 120 s": (lambda: WaitingPolicy(slot_wait=120.0), lambda c: c, {}),
     "hold the slot while no ready node needs it": (HoldWhileIdle, lambda c: c, {}),
