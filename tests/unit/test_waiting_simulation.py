@@ -44,7 +44,11 @@ def test_no_random_case_deadlocks() -> None:
     assert failures == []
     # the cases reach every move of the policy, many times
     assert (
-        min(moves[kind] for kind in ("wait", "defer", "step_aside", "make_way", "checkpoint", "ready")) > 100
+        min(
+            moves[kind]
+            for kind in ("wait", "defer", "step_aside", "make_way", "checkpoint", "ready", "came_back")
+        )
+        > 100
     )
 
 
@@ -161,3 +165,17 @@ def test_a_fired_trigger_schedules_its_node_at_the_triggerers_next_tick() -> Non
     ticking = simulate(plan, POLICY, caps, replace(CALIBRATED, triggerer_tick=1.0))
     assert at_once.moves.get("defer", 0) == ticking.moves.get("defer", 0) == 1
     assert 0.0 < ticking.handoff - at_once.handoff <= 1.0 + 1e-9
+
+
+def test_a_node_deferred_far_from_running_comes_back_and_starts_as_a_near_waiter() -> None:
+    """Chain p (40 s) -> m (10 s) -> c: c defers while m still waits on p, and comes back to its slot
+    once m starts its tool, so it picks m's result up from its checkpoint; m defers on p, which runs its
+    tool already, and does not come back. Without coming back, c starts through the triggerer and a
+    second task start after m's end: its hand-off is longer."""
+    plan = SimPlan({"p": [], "m": ["p"], "c": ["m"]}, {"p": 40.0, "m": 10.0, "c": 1.0})
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    back = simulate(plan, POLICY, caps, CALIBRATED)
+    stays = simulate(plan, POLICY, caps, CALIBRATED, comes_back=False)
+    assert back.moves.get("came_back") == 1 and "came_back" not in stays.moves
+    assert back.moves.get("defer") == stays.moves.get("defer") == 2
+    assert max(back.handoffs) < max(stays.handoffs)
