@@ -108,8 +108,10 @@ def test_lanes_sharing_one_slot_starve_only_when_they_make_way() -> None:
     node of another lane with a higher map index. When their deferral is free (no task cap that can
     fill, no pool counting deferred instances) they defer and come back only to run: every plan
     finishes. When it is not, they make way and come back after each delay, and a ready node can wait
-    for ever: the simulator finds such plans, and with two shared slots none of the same plans starves."""
-    starved, with_two = [], []
+    for ever: the simulator finds such plans, and with two shared slots none of the same plans starves,
+    nor with one when every instance is weighed by its node's place in the run order (the plan's order
+    across the lanes' tasks, ``node_weights="position"``)."""
+    starved, with_two, by_place = [], [], []
     for seed in range(30):
         rng = random.Random(seed)
         plan = random_plan(rng, rng.randint(20, 120), 1)
@@ -121,8 +123,9 @@ def test_lanes_sharing_one_slot_starve_only_when_they_make_way() -> None:
         if simulate(plan, POLICY, capped, Costs()).deadlock:
             starved.append(seed)
             with_two.append(simulate(plan, POLICY, replace(capped, dag_cap=2), Costs()).deadlock)
+            by_place.append(simulate(plan, POLICY, capped, Costs(), node_weights="position").deadlock)
     assert starved
-    assert with_two == [None] * len(starved)
+    assert with_two == by_place == [None] * len(starved)
 
 
 def test_plan_families_finish_at_every_cap() -> None:
