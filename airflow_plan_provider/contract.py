@@ -67,6 +67,7 @@ SESSION_KEY = "session"  # of plan: the SessionState
 RUN_CONTEXT_KEY = "run"  # of plan: the RunContext (what the node tasks need of the session)
 PLANNING_ERROR_KEY = "planning_error"  # of plan: a PlanningErrorRecord
 TOOLS_KEY = "tools"  # of plan: the ToolListing of the DAG's tool sources (only when it declares some)
+PLACES_KEY = "places"  # of plan: node task id -> its nodes' places in the run order (only with lanes)
 LOCKED_PREFIX = "locked__"  # of plan: ``locked__<node>``, a reused node's LockedOutput
 BRIEFS_PREFIX = "briefs__"  # of plan: ``briefs__<node task>__<n>``, the NodeBriefs of the task's nodes
 APPROVAL_KEY = "approval"  # of approve: an ApprovalRecord
@@ -167,6 +168,14 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     for node in plan.run_order:
         tasks.setdefault(lane_task_id(run.lanes.get(node)), []).append(node)
     return tasks
+
+
+def node_places(plan: ValidatedPlan, run: RunContext) -> dict[str, list[int]]:
+    """Node task id → the place in the plan's run order of each of its instances' nodes, in map-index
+    order: the order :class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn` weighs a run's
+    node instances in across its node tasks (in a run without lanes, the map indexes themselves)."""
+    place = {node: i for i, node in enumerate(plan.run_order)}
+    return {task: [place[node] for node in nodes] for task, nodes in node_tasks(plan, run).items()}
 
 
 class ParentBrief(Model):

@@ -23,6 +23,7 @@ from airflow_plan_provider import airflow_features, artifacts
 from airflow_plan_provider.airflow_features import AirflowFailException
 from airflow_plan_provider.contract import (
     NODES_TASK,
+    PLACES_KEY,
     PLAN_KEY,
     PLANNING_ERROR_KEY,
     RUN_CONTEXT_KEY,
@@ -34,6 +35,7 @@ from airflow_plan_provider.contract import (
     locked_key,
     mapped_values,
     node_briefs,
+    node_places,
 )
 from airflow_plan_provider.exceptions import (
     PlanningError,
@@ -277,6 +279,8 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
+        if run.lanes:  # the node instances' weights follow the plan's order across the lanes' tasks
+            ti.xcom_push(key=PLACES_KEY, value=node_places(plan, run))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
         briefs = node_briefs(plan, run)

@@ -56,25 +56,24 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    Deferrals are free for every node of a run or for none (one ``max_active_nodes`` for every node
    task, bounded by the plan's size; one setting for the pools), so no node holds a cap while deferred
    on a parent that waits on the triggerer for a slot of its own ancestor.
-4. Map indexes follow the plan's topological order, and the scheduler hands out a task's free slots in
-   map-index order (same priority weight: every task of a run is weighed alike, an earlier session's
-   run above a later one's, which only puts whole runs before others). Take the unfinished node ``u``
-   earliest in that order: its parents all finished, and every other unfinished instance of its task
-   comes after it. Every instance holding a slot or cap of ``u``'s task lets go within a bounded time
-   or when a running instance finishes (1 to 3), so a slot frees, and ``u`` gets it before any later
-   instance. ``u`` runs; by induction every node runs. Caps shared by several tasks (pools, the DAG's
-   ``max_active_tasks``, parallelism) count no deferred or rescheduled instance, and a running waiter
-   lets go within its bound, so they free too.
-5. Across the tasks of pooled lanes the scheduler's order is the map index of each task, not the
-   plan's order, so under a cap the tasks share (the DAG's ``max_active_tasks``, parallelism) an
-   instance of one lane that cannot run yet may get a freed slot before ``u``. With free deferrals it
-   does so at most twice per try of its own (it defers; its trigger resumes it once to wait near its
-   parents, and then only once they finished or saved their checkpoints: to run), so such slots are
-   finitely many and ``u``
-   gets one. A node that makes way comes back after each delay instead, without bound: with a shared
-   cap of 1 and lanes whose task cap can fill or whose pools count deferred instances, nodes that make
-   way again and again can take every freed slot before ``u`` (``test_waiting_simulation.py`` keeps
-   the case visible).
+4. Every node instance is weighed by its node's place in the plan's run order (a parent before its
+   children), less its session's rank (``SessionsInTurn``, the plan DAG's weight rule), and the
+   scheduler hands out free slots by weight: within a run, across all its node tasks (the default
+   lane's and the pool lanes'), in the plan's order; an earlier session's run before a later one's,
+   which only puts whole runs before others. Take the unfinished node ``u`` earliest in that order: its
+   parents all finished, and every other unfinished instance of the run comes after it. Every instance
+   holding a slot or cap ``u`` needs lets go within a bounded time or when a running instance finishes
+   (1 to 3), so a slot frees, and ``u`` gets it before any later instance. ``u`` runs; by induction
+   every node runs.
+5. Under a weight rule that weighs a task's instances alike (``operator_args={"weight_rule": ...}``
+   replacing the plan DAG's), the order is each task's map index, which follows the plan's order within
+   the task only. Point 4 then holds for one task, and for caps shared by several tasks as long as the
+   nodes that cannot run come back boundedly often: a node with a free deferral does so at most twice
+   per try of its own (it defers; its trigger resumes it once to wait near its parents, and then only
+   once they finished or saved their checkpoints: to run), so ``u`` gets a slot. A node that makes way
+   comes back after each delay instead, without bound: with a shared cap of 1 and lanes whose task cap
+   can fill or whose pools count deferred instances, nodes that make way again and again can take every
+   freed slot before ``u`` (``test_waiting_simulation.py`` keeps the case visible).
 
 Without point 3 a cap of 2 deadlocks: a root retries while two of its children wait deferred; the
 deferred children fill the task's cap and the root's retry never gets a slot. The simulator in

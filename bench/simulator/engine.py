@@ -55,6 +55,10 @@ IN_SLOT = frozenset({"queued", "running"})
 UNDER_TASK_CAP = frozenset({"queued", "running", "deferred"})
 
 
+#: the weight between two sessions' ranks (``airflow_plan_provider.sessions_in_turn.RANK_STRIDE``)
+RANK_STRIDE = 10_000
+
+
 class Ti:
     """One task instance: a node of one run, or its run's ``plan`` / ``finalize`` task."""
 
@@ -229,7 +233,7 @@ class Simulation:
         resumed_first: bool = False,
         runs_undated: bool = False,
         sessions_in_turn: bool = True,
-        node_weights: str | None = None,
+        node_weights: str | None = "position",
         comes_back: bool = True,
     ) -> None:
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
@@ -254,10 +258,13 @@ class Simulation:
         self.cpu = Cpu(self, costs.cores)
         self.runs = [Run(i, plan, i * run_gap, static) for i, plan in enumerate(plans)]
         # a plan run's node instances weighed by their node: "position" (one lower per place in the
-        # plan's run order, across its tasks), "descendants" (1 + the node's descendants, as static)
+        # plan's run order, across its tasks, as the package's SessionsInTurn does), "descendants"
+        # (1 + the node's descendants, as a static DAG's tasks), None (one weight: Airflow's map-index
+        # order within each task)
         for run in self.runs:
             if not static and node_weights == "position":
-                run.weights = {n: len(run.plan.order) - i for i, n in enumerate(run.plan.order)}
+                order = run.plan.order
+                run.weights = {n: len(order) - i for i, n in enumerate(order)}
             elif not static and node_weights == "descendants":
                 run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
         self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []
@@ -463,8 +470,8 @@ class Simulation:
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
                 if self.runs_undated:  # no logical date: the runs' instances interleave by map index
                     ti.key = (ti.key[0], 0, index, task, run.index)  # type: ignore[assignment]
-                if rank:  # a weight one lower per unfinished run created before this one
-                    ti.key = (ti.key[0] + rank, *ti.key[1:])  # type: ignore[assignment]
+                if rank:  # a weight a stride lower per unfinished run created before this one
+                    ti.key = (ti.key[0] + rank * RANK_STRIDE, *ti.key[1:])  # type: ignore[assignment]
                 ti.parents_left = len(run.plan.parents[node])
         for node, ti in run.tis.items():
             if node in (PLAN_TASK, FINALIZE_TASK):

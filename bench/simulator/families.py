@@ -77,7 +77,7 @@ class HoldWhileIdle:
 
 #: mechanism → (policy, costs change, engine options); each is the defaults but for one change
 MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict[str, Any]]] = {
-    "the package's policy (comes back to wait near running parents)": (WaitingPolicy, lambda c: c, {}),
+    "the package's policy and weights": (WaitingPolicy, lambda c: c, {}),
     "trigger reads states only": (WaitingPolicy, lambda c: c, {"trigger_looks": False}),
     "slot_wait 120 s": (lambda: WaitingPolicy(slot_wait=120.0), lambda c: c, {}),
     "hold the slot while no ready node needs it": (HoldWhileIdle, lambda c: c, {}),
@@ -88,7 +88,11 @@ MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict
     ),
     "triggerer wakes at once (pick-up 0.1 s)": (WaitingPolicy, lambda c: replace(c, trigger_pickup=0.1), {}),
     "resumed nodes go first (priority weight)": (WaitingPolicy, lambda c: c, {"resumed_first": True}),
-    "weight by place in the run order": (WaitingPolicy, lambda c: c, {"node_weights": "position"}),
+    "no weight by place (map-index order within each task)": (
+        WaitingPolicy,
+        lambda c: c,
+        {"node_weights": None},
+    ),
     "weight by descendants (as static)": (WaitingPolicy, lambda c: c, {"node_weights": "descendants"}),
     "no coming back to wait near running parents": (WaitingPolicy, lambda c: c, {"comes_back": False}),
 }

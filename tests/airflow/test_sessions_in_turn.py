@@ -18,11 +18,11 @@ from airflow.serialization import serialized_objects
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 
-from airflow_plan_provider import build_plan_dag
-from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK
+from airflow_plan_provider import build_plan_dag, sessions_in_turn
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, REPLAN_TASK, lane_task_id
 from airflow_plan_provider.dag_factory import SESSIONS_IN_TURN
 from airflow_plan_provider.plan.session import replan_run_id
-from airflow_plan_provider.sessions_in_turn import SessionsInTurn, downstream, session_rank
+from airflow_plan_provider.sessions_in_turn import RANK_STRIDE, SessionsInTurn, downstream, session_rank
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
 # DagSerialization since Airflow 3.2, SerializedDAG before
@@ -42,12 +42,14 @@ def scheduler_dag(dag_id: str, log: CallLog, **kwargs: Any) -> Any:
     return DagSerialization.from_dict(DagSerialization.to_dict(dag))
 
 
-def weight(dag: Any, task_id: str, run_id: str) -> int:
+def weight(dag: Any, task_id: str, run_id: str, map_index: int = 0) -> int:
     """The priority weight Airflow gives a new instance of ``task_id`` in run ``run_id`` (as it does when
     it creates a run's instances: the task's weight rule asked with a new ``TaskInstance``)."""
     task = dag.get_task(task_id)
     return int(
-        task.weight_rule.get_weight(TaskInstance(task, run_id=run_id, map_index=0, dag_version_id=None))
+        task.weight_rule.get_weight(
+            TaskInstance(task, run_id=run_id, map_index=map_index, dag_version_id=None)
+        )
     )
 
 
@@ -129,11 +131,50 @@ def test_every_task_of_a_plan_dag_weighs_its_instances_by_session(
         task = dag.get_task(task_id)
         default = downstream().get_weight(TaskInstance(task, run_id="s0", map_index=0, dag_version_id=None))
         weights = [weight(dag, task_id, run_id) for run_id in ("s0", "s1", "s2", "s3")]
-        assert weights == [default, default - 1, default - 3, default - 4], task_id
+        assert weights == [default - RANK_STRIDE * rank for rank in (0, 1, 3, 4)], task_id
     # within a run, Airflow's own order stands: the plan task above its nodes, the nodes above finalize
     assert weight(dag, PLAN_TASK, "s2") > weight(dag, NODES_TASK, "s2") > weight(dag, FINALIZE_TASK, "s2")
     # an earlier session's last task ranks above a later session's first
     assert weight(dag, FINALIZE_TASK, "s0") > weight(dag, PLAN_TASK, "s2")
+
+
+def test_node_instances_weigh_by_their_nodes_place_in_the_run_order(
+    runs: tuple[str, list[str]], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below its session's rank, a node instance weighs one less per place of its node in the run
+    order: its map index in a run without lanes; the place the planning task published (XCom
+    ``places``) in a run with lanes, across the lanes' tasks. Tasks other than node tasks have none."""
+    dag_id, _ = runs
+    dag = scheduler_dag(dag_id, CallLog(tmp_path))
+    default = downstream().get_weight(
+        TaskInstance(dag.get_task(NODES_TASK), run_id="s1", map_index=0, dag_version_id=None)
+    )
+    base = default - RANK_STRIDE  # s1 ranks 1
+    assert [weight(dag, NODES_TASK, "s1", i) for i in range(3)] == [base, base - 1, base - 2]
+    asked: list[tuple[str, str, str]] = []
+
+    def published(dag_id: str, run_id: str, prefix: str = "") -> dict[str, list[int]] | None:
+        asked.append((dag_id, run_id, prefix))
+        return {NODES_TASK: [0, 2, 5], lane_task_id("gpu"): [1, 3, 4]} if run_id == "s2" else None
+
+    monkeypatch.setattr(sessions_in_turn, "node_places_of_run", published)
+    monkeypatch.setattr(sessions_in_turn, "_places", {})
+    base = default - 3 * RANK_STRIDE  # s2 ranks 3
+    assert [weight(dag, NODES_TASK, "s2", i) for i in range(3)] == [base, base - 2, base - 5]
+    assert asked == [(dag_id, "s2", "")]  # one read for the run's instances
+    assert (
+        weight(dag, FINALIZE_TASK, "s2")
+        == downstream().get_weight(
+            TaskInstance(dag.get_task(FINALIZE_TASK), run_id="s2", map_index=-1, dag_version_id=None)
+        )
+        - 3 * RANK_STRIDE
+    )
+
+
+def test_the_simulator_weighs_sessions_as_the_rule_does() -> None:
+    from bench.simulator import engine
+
+    assert engine.RANK_STRIDE == RANK_STRIDE
 
 
 def test_operator_args_replace_the_weight_rule(runs: tuple[str, list[str]], tmp_path: Any) -> None:

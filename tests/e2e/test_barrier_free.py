@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
+from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_KEY, PLAN_TASK, RUN_CONTEXT_KEY
+from airflow_plan_provider.plan.model import ValidatedPlan
+from airflow_plan_provider.sessions_in_turn import RANK_STRIDE
 from airflow_plan_provider.testing import CallLog
 from harness.cluster import AirflowCluster
 from harness.sqlite import LOCK_TIMEOUT
@@ -32,6 +34,7 @@ DAGS = (
     "e2e_sqlite_diamond",
     "e2e_sessions_in_turn",
     "e2e_comes_back",
+    "e2e_lanes_in_order",
 )
 LOCKED = "database is locked"
 HOLD = 8.0  # seconds another writer holds the lock
@@ -146,12 +149,44 @@ def test_sessions_sharing_a_pool_run_in_turn(cluster: tuple[AirflowCluster, Path
     airflow.api("PATCH", f"/pools/{pool}", {"pool": pool, "slots": 1, "include_deferred": False})
     for run_id in run_ids:
         assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
-    # one weight per session (every node of it), each session one below the one before
-    weights = [sorted({ti["priority_weight"] for ti in nodes(run_id)}) for run_id in run_ids]
+    # each node one below the one before it in the run order, each session a stride below the one before
+    weights = [
+        [ti["priority_weight"] for ti in sorted(nodes(run_id), key=lambda ti: ti["map_index"])]
+        for run_id in run_ids
+    ]
     first = weights[0][0]
-    assert weights == [[first], [first - 1], [first - 2]], weights
+    assert weights == [[first - RANK_STRIDE * rank - place for place in range(3)] for rank in range(3)], (
+        weights
+    )
     starts = [sorted(ti["start_date"] for ti in nodes(run_id)) for run_id in run_ids]
     assert starts[0][-1] < starts[1][0] and starts[1][-1] < starts[2][0], starts
+
+
+def test_node_instances_weigh_by_their_place_in_the_run_order_across_lanes(
+    cluster: tuple[AirflowCluster, Path],
+) -> None:
+    """A plan whose nodes run in two tasks (the default lane and a pooled tool's): every node instance
+    weighs one less than the one before it in the plan's run order, whichever task it is in, so that
+    Airflow hands the slots the tasks share out in the plan's order."""
+    airflow, _ = cluster
+    dag_id = "e2e_lanes_in_order"
+    airflow.api("POST", "/pools", {"name": "e2e_lane", "slots": 2, "include_deferred": False})
+    run_id = airflow.trigger(dag_id, {"goal": "two lanes"})
+    assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
+    plan = airflow.xcom(dag_id, run_id, PLAN_TASK, PLAN_KEY)
+    order = ValidatedPlan.model_validate(plan).run_order
+    lanes = airflow.xcom(dag_id, run_id, PLAN_TASK, RUN_CONTEXT_KEY)["lanes"]
+    assert set(lanes) == {"r2", "m2", "end"}
+    node_tasks = {NODES_TASK, f"{NODES_TASK}__e2e_lane"}
+    instances = [ti for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] in node_tasks]
+    by_node = {}
+    for task_id in sorted(node_tasks):  # map indexes follow the run order within each task
+        in_task = [n for n in order if (n in lanes) == (task_id != NODES_TASK)]
+        for ti in instances:
+            if ti["task_id"] == task_id:
+                by_node[in_task[ti["map_index"]]] = ti["priority_weight"]
+    first = by_node[order[0]]
+    assert [by_node[node] for node in order] == [first - place for place in range(len(order))], by_node
 
 
 @contextlib.contextmanager

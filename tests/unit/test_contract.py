@@ -49,6 +49,7 @@ def test_the_names_are_those_users_see() -> None:
         "PLAN_KEY": "plan",
         "SESSION_KEY": "session",
         "TOOLS_KEY": "tools",
+        "PLACES_KEY": "places",
         "RUN_CONTEXT_KEY": "run",
         "PLANNING_ERROR_KEY": "planning_error",
         "APPROVAL_KEY": "approval",

@@ -101,16 +101,17 @@ def test_same_inputs_same_schedule() -> None:
     assert (first.makespans, first.events, first.moves) == (second.makespans, second.events, second.moves)
 
 
-def test_lanes_sharing_one_slot_starve_only_when_they_make_way() -> None:
-    """Point 5 of the argument (``plan/waiting.py``): across the tasks of pooled lanes the scheduler
-    orders by map index, not by the plan's order. With one slot shared by the run's tasks (the DAG's
+def test_lanes_sharing_one_slot_starve_only_without_weights_by_place() -> None:
+    """Point 5 of the argument (``plan/waiting.py``): the package weighs every node instance by its
+    node's place in the run order (``SessionsInTurn``; the simulator's default), so across the tasks of
+    pooled lanes the scheduler's order is the plan's. Without those weights (``node_weights=None``, one
+    weight per task) it is each task's map index: with one slot shared by the run's tasks (the DAG's
     max_active_tasks = 1), nodes of one lane that wait for their parents take the slot before a ready
     node of another lane with a higher map index. When their deferral is free (no task cap that can
     fill, no pool counting deferred instances) they defer and come back only to run: every plan
     finishes. When it is not, they make way and come back after each delay, and a ready node can wait
-    for ever: the simulator finds such plans, and with two shared slots none of the same plans starves,
-    nor with one when every instance is weighed by its node's place in the run order (the plan's order
-    across the lanes' tasks, ``node_weights="position"``)."""
+    for ever: the simulator finds such plans. With two shared slots none of them starves, nor with one
+    when the instances are weighed by place."""
     starved, with_two, by_place = [], [], []
     for seed in range(30):
         rng = random.Random(seed)
@@ -118,12 +119,14 @@ def test_lanes_sharing_one_slot_starve_only_when_they_make_way() -> None:
         lanes = {node: rng.choice(("gpu", "db")) for node in plan.parents if rng.random() < 0.3}
         plan = replace(plan, lanes=lanes, failing_tries={})
         free = Caps(task_cap=None, dag_cap=1, parallelism=32, lane_pools={"gpu": 4, "db": 4})
-        assert simulate(plan, POLICY, free, Costs()).deadlock is None, seed
+        assert simulate(plan, POLICY, free, Costs(), node_weights=None).deadlock is None, seed
         capped = replace(free, task_cap=4)
-        if simulate(plan, POLICY, capped, Costs()).deadlock:
+        if simulate(plan, POLICY, capped, Costs(), node_weights=None).deadlock:
             starved.append(seed)
-            with_two.append(simulate(plan, POLICY, replace(capped, dag_cap=2), Costs()).deadlock)
-            by_place.append(simulate(plan, POLICY, capped, Costs(), node_weights="position").deadlock)
+            with_two.append(
+                simulate(plan, POLICY, replace(capped, dag_cap=2), Costs(), node_weights=None).deadlock
+            )
+            by_place.append(simulate(plan, POLICY, capped, Costs()).deadlock)
     assert starved
     assert with_two == by_place == [None] * len(starved)
 

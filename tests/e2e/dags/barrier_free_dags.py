@@ -153,3 +153,30 @@ e2e_comes_back = build_plan_dag(
     ),
     replan=False,
 )
+
+# nodes in two tasks: the default lane's and the pooled tool's lane (``nodes__e2e_lane``), their places
+# in the run order interleaved across the two
+LANE_POOL = "e2e_lane"
+LANES = {
+    "goal": "two lanes",
+    "nodes": [
+        {"id": "r1", "action": "root in the default lane", "tool": "quick"},
+        {"id": "r2", "action": "root in the pool's lane", "tool": "pooled"},
+        {"id": "m1", "action": "after both roots", "tool": "quick", "dependencies": ["r1", "r2"]},
+        {"id": "m2", "action": "pooled, after r1", "tool": "pooled", "dependencies": ["r1"]},
+        {"id": "m3", "action": "after r2", "tool": "quick", "dependencies": ["r2"]},
+        {"id": "end", "action": "after all", "tool": "pooled", "dependencies": ["m1", "m2", "m3"]},
+    ],
+}
+
+_log = call_log("e2e_lanes_in_order")
+e2e_lanes_in_order = build_plan_dag(
+    "e2e_lanes_in_order",
+    planner=ScriptedPlanner(LANES),
+    tools=scripted_registry(
+        ScriptedTool("quick", log=_log, returns="q", sleep=0.2),
+        ScriptedTool("pooled", log=_log, returns="p", sleep=0.2, pool=LANE_POOL),
+    ),
+    execution=NodeExecution(retries=0),
+    replan=False,
+)
