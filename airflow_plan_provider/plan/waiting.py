@@ -64,7 +64,10 @@ Why this cannot deadlock, whatever the caps (``max_active_tis_per_dagrun``, pool
    parents all finished, and every other unfinished instance of the run comes after it. Every instance
    holding a slot or cap ``u`` needs lets go within a bounded time or when a running instance finishes
    (1 to 3), so a slot frees, and ``u`` gets it before any later instance. ``u`` runs; by induction
-   every node runs.
+   every node runs. One exception: a node task's first instance is the one Airflow created with the
+   run, before there was a plan, and keeps that weight (the run's first place) when the task expands.
+   Those few instances, one per task, may go before ``u`` as under point 5; the simulator models them,
+   and none of its random lane plans starves with them.
 5. Under a weight rule that weighs a task's instances alike (``operator_args={"weight_rule": ...}``
    replacing the plan DAG's), the order is each task's map index, which follows the plan's order within
    the task only. Point 4 then holds for one task, and for caps shared by several tasks as long as the

@@ -265,6 +265,10 @@ class Simulation:
             if not static and node_weights == "position":
                 order = run.plan.order
                 run.weights = {n: len(order) - i for i, n in enumerate(order)}
+                # a mapped task's first instance is the placeholder Airflow created with the run (map
+                # index -1, no node yet: place 0), turned into map index 0 at expansion, weight kept
+                for nodes in run.tasks.values():
+                    run.weights[nodes[0]] = len(order)
             elif not static and node_weights == "descendants":
                 run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
         self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []

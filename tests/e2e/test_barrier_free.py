@@ -167,7 +167,9 @@ def test_node_instances_weigh_by_their_place_in_the_run_order_across_lanes(
 ) -> None:
     """A plan whose nodes run in two tasks (the default lane and a pooled tool's): every node instance
     weighs one less than the one before it in the plan's run order, whichever task it is in, so that
-    Airflow hands the slots the tasks share out in the plan's order."""
+    Airflow hands the slots the tasks share out in the plan's order. A mapped task's first instance is
+    the one Airflow created with the run, before the plan (map index -1, turned into 0 at expansion with
+    its weight kept): it weighs as the run's first place."""
     airflow, _ = cluster
     dag_id = "e2e_lanes_in_order"
     airflow.api("POST", "/pools", {"name": "e2e_lane", "slots": 2, "include_deferred": False})
@@ -179,14 +181,17 @@ def test_node_instances_weigh_by_their_place_in_the_run_order_across_lanes(
     assert set(lanes) == {"r2", "m2", "end"}
     node_tasks = {NODES_TASK, f"{NODES_TASK}__e2e_lane"}
     instances = [ti for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] in node_tasks]
-    by_node = {}
+    by_node, firsts = {}, set()
     for task_id in sorted(node_tasks):  # map indexes follow the run order within each task
         in_task = [n for n in order if (n in lanes) == (task_id != NODES_TASK)]
+        firsts.add(in_task[0])
         for ti in instances:
             if ti["task_id"] == task_id:
                 by_node[in_task[ti["map_index"]]] = ti["priority_weight"]
     first = by_node[order[0]]
-    assert [by_node[node] for node in order] == [first - place for place in range(len(order))], by_node
+    expected = [first if node in firsts else first - place for place, node in enumerate(order)]
+    assert [by_node[node] for node in order] == expected, by_node
+    assert order[1] in firsts and order[1] in lanes  # the lane's first node is second in the run
 
 
 @contextlib.contextmanager
