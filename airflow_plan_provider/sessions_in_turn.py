@@ -106,15 +106,7 @@ RANK_KEPT = 2.0
 
 
 def _recent_rank(dag_id: str, run_id: str) -> int:
-    key, now = (dag_id, run_id), time.monotonic()
-    kept = _ranks.get(key)
-    if kept is not None and now - kept[0] < RANK_KEPT:
-        return kept[1]
-    if len(_ranks) > 1024:
-        _ranks.clear()
-    rank = session_rank(dag_id, run_id)
-    _ranks[key] = (now, rank)
-    return rank
+    return _kept(_ranks, (dag_id, run_id), lambda: session_rank(dag_id, run_id))
 
 
 #: (dag id, run id, task group prefix) -> (when, places): a run's places, read once per ``RANK_KEPT``
@@ -122,15 +114,21 @@ _places: dict[tuple[str, str, str], tuple[float, dict[str, list[int]] | None]] =
 
 
 def _recent_places(dag_id: str, run_id: str, prefix: str) -> dict[str, list[int]] | None:
-    key, now = (dag_id, run_id, prefix), time.monotonic()
-    kept = _places.get(key)
+    return _kept(_places, (dag_id, run_id, prefix), lambda: node_places_of_run(dag_id, run_id, prefix))
+
+
+def _kept(cache: dict[Any, tuple[float, T]], key: tuple[str, ...], read: Callable[[], T]) -> T:
+    """``read()``, kept in ``cache`` under ``key`` for ``RANK_KEPT`` seconds (the cache cleared past
+    1,024 keys)."""
+    now = time.monotonic()
+    kept = cache.get(key)
     if kept is not None and now - kept[0] < RANK_KEPT:
         return kept[1]
-    if len(_places) > 1024:
-        _places.clear()
-    places = node_places_of_run(dag_id, run_id, prefix)
-    _places[key] = (now, places)
-    return places
+    if len(cache) > 1024:
+        cache.clear()
+    value = read()
+    cache[key] = (now, value)
+    return value
 
 
 def node_places_of_run(dag_id: str, run_id: str, prefix: str = "") -> dict[str, list[int]] | None:
