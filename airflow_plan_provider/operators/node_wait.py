@@ -95,9 +95,12 @@ class SlotWait:
         self.queue: Sequence[str] = _WholeQueue(self._whole_queue)
 
     @cached_property
-    def grandparents_finished(self) -> list[str]:
-        """The grandparents' instance keys: those a node that came back to wait saw finished."""
-        return [key for keys in self._grandparent_keys().values() for key in keys]
+    def finished_grandparents(self) -> dict[str, str]:
+        """The grandparents' instance keys this node saw finished (→ the state), which a node reading
+        one by one does not read again: at first those its trigger saw finished when it came back."""
+        if not self.came_back:
+            return {}
+        return {key: "success" for keys in self._grandparent_keys().values() for key in keys}
 
     def _where(self, node_ids: Iterable[str]) -> dict[str, list[int]]:
         """Task id (with the group's prefix) -> the map indexes of ``node_ids``' instances."""
@@ -231,9 +234,6 @@ class SlotWait:
 
     def _view(self, states: Mapping[str, Any], waited: float) -> WaitView:
         keys = self.keys
-        if self.came_back and self.one_by_one:  # its trigger saw every grandparent finished
-            grandparents = self.grandparents_finished
-            states = {**states, **{key: "success" for key in grandparents if key not in states}}
         return WaitView(
             node=self.node_id,
             parents=self.parents,
@@ -259,16 +259,29 @@ class SlotWait:
     def _read_states(self) -> dict[str, Any]:
         """The run's task instance states this node needs (Airflow's ``<task id>_<map index>`` keys):
         its parents', its grandparents' and its own task's, in one request, which returns every
-        instance of the tasks asked for; or, in a large plan, only the parents', one instance per
-        request (Airflow's API server loads each instance as a full task-instance row, the run's conf
-        decoded with each, so a read of every instance grows with the plan twice over)."""
+        instance of the tasks asked for; or, in a large plan, one instance per request: the parents',
+        and while they all run (:meth:`~.WaitingPolicy.reads_grandparents`) the grandparents' not yet
+        seen finished (Airflow's API server loads each instance as a full task-instance row, the run's
+        conf decoded with each, so a read of every instance grows with the plan twice over)."""
         ti = self.ti  # the Task SDK's RuntimeTaskInstanceProtocol: get_task_states is public
         if not self.one_by_one:
             task_ids = sorted({ti.task_id, *self.tasks, *self.grandparents})
             found = ti.get_task_states(dag_id=ti.dag_id, task_ids=task_ids, run_ids=[ti.run_id])
             return dict(found.get(ti.run_id, {}))
-        states: dict[str, Any] = {}
-        for task, indexes in self.tasks.items():
+        states = self._read_each(self.tasks)
+        running = [p for p in self.parent_ids if states.get(self.keys[p]) not in FINISHED]
+        if not self.policy.reads_grandparents(states.get(self.keys[p]) for p in running):
+            return states
+        seen = self.finished_grandparents
+        unseen = sorted({g for p in running for g in self.parents[p] if self.keys[g] not in seen})
+        read = self._read_each(self._where(unseen))
+        seen.update({key: state for key, state in read.items() if state in FINISHED})
+        return {**states, **seen, **read}
+
+    def _read_each(self, tasks: Mapping[str, list[int]]) -> dict[str, Any]:
+        """The states of the instances ``tasks`` (task id → map indexes), one request each."""
+        ti, states = self.ti, {}
+        for task, indexes in tasks.items():
             for index in indexes:
                 found = ti.get_task_states(
                     dag_id=ti.dag_id, task_ids=[task], run_ids=[ti.run_id], map_index=index

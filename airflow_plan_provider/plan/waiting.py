@@ -182,8 +182,9 @@ class WaitingPolicy:
     :param state_rows_per_second: task states per second the waiting nodes of one run read together,
         at most, whatever the plan's size (each read returns every instance of the tasks read).
     :param read_all_states_up_to: the most nodes a plan may have for its waiting nodes to read every
-        instance's state in one request; larger plans read their parents' instances one by one and
-        neither step aside nor count generations (they do not see their whole task). Airflow loads
+        instance's state in one request; larger plans read their parents' instances one by one (and
+        their grandparents' while the parents run, :meth:`reads_grandparents`) and neither step aside
+        nor count generations (they do not see their whole task). Airflow loads
         each instance with its run's conf and decodes the conf once per instance, so a full read grows
         with the plan's size times the conf's (``bench/conf_decode.py``); one by one, a run's state
         reads stay cheap whatever its conf holds.
@@ -336,6 +337,19 @@ class WaitingPolicy:
         """Whether the waiting nodes of a plan of ``plan_size`` nodes read their parents' instances one
         by one (see ``read_all_states_up_to``)."""
         return plan_size > self.read_all_states_up_to
+
+    def reads_grandparents(self, states: Iterable[str | None]) -> bool:
+        """Whether a node that reads its parents' instances one by one (:meth:`reads_one_by_one`) reads
+        their own parents' too, after a read of the parents' ``states``: when every unfinished parent is
+        running, and so may be running its tool. The node then knows when it is near (every grandparent
+        finished, :meth:`next_move`) and looks for its parents' checkpoints, as a node of a smaller plan
+        does; a grandparent read finished once is not read again.
+
+        >>> policy = WaitingPolicy()
+        >>> policy.reads_grandparents(["running", "success"]), policy.reads_grandparents(["queued"])
+        (True, False)
+        """
+        return self.trigger_watches(states)
 
     def after_failed_read(self, failures: int, waited: float) -> Move:
         """What a node waiting in its slot does when its ``failures``-th read in a row failed, having

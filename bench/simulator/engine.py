@@ -67,6 +67,7 @@ class Ti:
         "began",
         "came_back",
         "exited_at",
+        "grandparents_done",
         "index",
         "key",
         "node",
@@ -98,6 +99,8 @@ class Ti:
         self.exited_at: float | None = None
         self.parents_left = 0
         self.came_back = self.seen_far = False
+        #: the grandparents a node reading one by one saw finished in this start of its task
+        self.grandparents_done: set[str] = set()
 
 
 class Run:
@@ -564,6 +567,10 @@ class Simulation:
             ti.wait_token += 1
             self.at(self.now + self.costs.checkpoint_read, self._picked_up, ti, ti.token, ti.wait_token)
         else:
+            # a node that came back to wait counts its grandparents finished: its trigger saw them so
+            parents = ti.run.plan.parents
+            near = {g for p in parents[ti.node] for g in parents[p]}
+            ti.grandparents_done = near if ti.came_back else set()
             self._read(ti, ti.token)
 
     def _read(self, ti: Ti, token: int) -> None:
@@ -577,7 +584,7 @@ class Simulation:
             tasks |= {run.tis[g].task for p in parents for g in plan.parents[p]}
             rows = sum(len(run.tasks[t]) for t in tasks)
         else:
-            rows = len(plan.parents[ti.node])
+            rows = len(plan.parents[ti.node]) + len(self._grandparents_read(ti))
         self.cpu.submit(
             self.costs.read_cpu + rows * self.costs.read_row_cpu, self._decide, ti, ti.token, rows
         )
@@ -604,12 +611,13 @@ class Simulation:
 
             pollers = sum(1 for t in tasks for n in run.tasks[t] if tis[n].state == "running")
         else:
-            wanted = set(plan.parents[ti.node])
-            # a node that came back to wait counts its grandparents finished: its trigger saw them so
-            seen = {g for p in wanted for g in plan.parents[p]} if ti.came_back else set()
+            read = self._grandparents_read(ti)
+            done = ti.grandparents_done
+            done.update(g for g in read if tis[g].state in FINISHED)
+            wanted = set(plan.parents[ti.node]) | read
 
             def state_of(node: str) -> str | None:
-                return tis[node].state if node in wanted else "success" if node in seen else None
+                return tis[node].state if node in wanted else "success" if node in done else None
 
             pollers = sum(1 for p in wanted if tis[p].state == "running")
         view = WaitView(
@@ -662,6 +670,15 @@ class Simulation:
             ti.exited_at = now
             self.set_state(ti, "up_for_reschedule")
             self._due(now + move.after, ti)
+
+    def _grandparents_read(self, ti: Ti) -> set[str]:
+        """The grandparents a node reading one by one reads besides its parents: while every unfinished
+        parent runs (:meth:`~WaitingPolicy.reads_grandparents`), those of them it has not seen finished."""
+        plan, tis = ti.run.plan, ti.run.tis
+        running = [p for p in plan.parents[ti.node] if tis[p].state not in FINISHED]
+        if not self.policy.reads_grandparents(tis[p].state for p in running):
+            return set()
+        return {g for p in running for g in plan.parents[p]} - ti.grandparents_done
 
     def _free_deferral(self, ti: Ti) -> bool:
         """Whether ``ti`` deferred holds nothing another instance could wait for, as the node task tells

@@ -240,8 +240,24 @@ class AlwaysMakeWay:
         return self.inner.trigger_move(states, grandparents=grandparents)
 
 
+@dataclass(frozen=True)
+class ParentsOnly:
+    """``inner``, but a node of a large plan (reading one by one) reads its parents' states only, never
+    their parents': it cannot tell when they run their tools, so it never looks for their checkpoints
+    in its slot."""
+
+    inner: WaitingPolicy = WaitingPolicy()  # noqa: RUF009  # frozen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def reads_grandparents(self, states: Iterable[str | None]) -> bool:
+        return False
+
+
 MECHANISMS["make way, no free deferral"] = (AlwaysMakeWay, lambda c: c, {})
 MECHANISMS["far nodes defer at once"] = (FarDefers, lambda c: c, {})
+MECHANISMS["large plans read parents only (not their parents)"] = (ParentsOnly, lambda c: c, {})
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

@@ -41,6 +41,8 @@ class Policy(Protocol):
 
     def reads_one_by_one(self, plan_size: int) -> bool: ...
 
+    def reads_grandparents(self, states: Iterable[str | None]) -> bool: ...
+
     def trigger_watches(self, states: Iterable[str | None]) -> bool: ...
 
 
@@ -80,6 +82,9 @@ class NeverLetGo:
 
     def reads_one_by_one(self, plan_size: int) -> bool:
         return self.inner.reads_one_by_one(plan_size)
+
+    def reads_grandparents(self, states: Iterable[str | None]) -> bool:
+        return self.inner.reads_grandparents(states)
 
     def trigger_watches(self, states: Iterable[str | None]) -> bool:
         return self.inner.trigger_watches(states)

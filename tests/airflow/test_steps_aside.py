@@ -179,12 +179,13 @@ def test_a_node_whose_parents_saved_their_results_starts_on_them_without_reading
     assert wait({"a", "b"}, checkpoints=False) == (Wait.READY, set(), [], 1)
 
 
-def test_a_node_that_came_back_to_wait_defers_to_the_end_and_counts_its_parents_near() -> None:
+def test_a_node_reading_one_by_one_reads_its_grandparents_while_its_parents_run() -> None:
     """A deferred node's trigger carries the grandparents' instances, so that it can have the node come
     back to wait near its parents; once it did (``came_back``), the next trigger carries none (once a
-    try). In a large plan, whose nodes read only their parents' instances, the node that came back
-    counts its grandparents finished (its trigger saw them so) and so looks for its parents'
-    checkpoints between reads, as a near waiter does; one that did not come back cannot tell."""
+    try). In a large plan, whose nodes read their instances one by one, a node whose parents all run
+    reads their parents too (each until it saw it finished), so it knows when it is near and looks for
+    its parents' checkpoints between reads; a node that came back counts them finished at once (its
+    trigger saw them so); a node with a parent still queued reads only its parents."""
     from airflow_plan_provider.contract import NodeBrief, node_briefs
     from airflow_plan_provider.operators.node_wait import SlotWait
     from airflow_plan_provider.plan.session import RunContext
@@ -204,9 +205,24 @@ def test_a_node_that_came_back_to_wait_defers_to_the_end_and_counts_its_parents_
         for b in group
     }
     key = {node: f"{NODES_TASK}_{i}" for i, node in enumerate(plan.run_order)}
+    state: dict[str, str] = {}
+    asked: list[str] = []
+
+    def get_task_states(*, dag_id: str, task_ids: list[str], run_ids: list[str], map_index: int) -> Any:
+        [task] = task_ids
+        asked.append(f"{task}_{map_index}")
+        node = plan.run_order[map_index]
+        return {run_ids[0]: {asked[-1]: state[node]} if node in state else {}}
 
     def waiting(came_back: bool, policy: WaitingPolicy = WaitingPolicy()) -> SlotWait:  # noqa: B008
-        ti = SimpleNamespace(dag_id="d", run_id="r1", task_id=NODES_TASK, task=None, try_number=1)
+        ti = SimpleNamespace(
+            dag_id="d",
+            run_id="r1",
+            task_id=NODES_TASK,
+            task=None,
+            try_number=1,
+            get_task_states=get_task_states,
+        )
         return SlotWait(
             ti=ti,
             brief=briefs["d"],
@@ -220,12 +236,19 @@ def test_a_node_that_came_back_to_wait_defers_to_the_end_and_counts_its_parents_
     assert waiting(False).trigger().grandparents == {key["c"]: sorted([key["a"], key["b"]])}
     assert waiting(True).trigger().grandparents is None
     one_by_one = WaitingPolicy(read_all_states_up_to=2)
-    parent_runs = {key["c"]: "running"}  # all a node reading one by one sees
-    moves = {
-        came_back: waiting(came_back, one_by_one).policy.next_move(
-            waiting(came_back, one_by_one)._view(parent_runs, waited=0.0)
-        )
-        for came_back in (False, True)
-    }
-    assert moves[True] == Move(Wait.WAIT, one_by_one.poll_far, near=True)
-    assert moves[False].kind is Wait.WAIT and not moves[False].near
+
+    def reads(node: SlotWait) -> tuple[Move, list[str]]:
+        asked.clear()
+        return node.policy.next_move(node._view(node._read(), waited=0.0)), sorted(asked)
+
+    node = waiting(False, one_by_one)
+    state.update(a="success", b="running", c="running")
+    far, near = Move(Wait.WAIT, one_by_one.poll_far), Move(Wait.WAIT, one_by_one.poll_far, near=True)
+    assert reads(node) == (far, sorted(key[n] for n in "abc"))  # b still runs: c waits on it
+    state.update(b="success")
+    assert reads(node) == (near, [key["b"], key["c"]])  # a was seen finished: not read again
+    assert reads(node) == (near, [key["c"]])
+    state.update(c="queued")  # a parent not running yet: its parents are not read
+    assert reads(waiting(False, one_by_one))[1] == [key["c"]]
+    state.update(c="running")
+    assert reads(waiting(True, one_by_one)) == (near, [key["c"]])  # came back: its trigger saw a, b end

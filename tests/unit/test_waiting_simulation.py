@@ -185,3 +185,20 @@ def test_a_node_deferred_far_from_running_comes_back_and_starts_as_a_near_waiter
     assert back.moves.get("came_back") == 1 and "came_back" not in stays.moves
     assert back.moves.get("defer") == stays.moves.get("defer") == 2
     assert max(back.handoffs) < max(stays.handoffs)
+
+
+def test_a_node_of_a_large_plan_reads_its_grandparents_and_picks_its_parent_up_near() -> None:
+    """Chain p (6 s) -> m (6 s) -> c, read one by one (a large plan's nodes): c waits in its slot, reads
+    p while m runs, and once p finished it knows m runs its tool, so it looks for m's checkpoint every
+    ``checkpoint_poll`` seconds. Reading m alone, it never knows and picks m up only at a state read,
+    ``poll_far`` apart."""
+    from bench.simulator.families import ParentsOnly
+
+    plan = SimPlan({"p": [], "m": ["p"], "c": ["m"]}, {"p": 6.0, "m": 6.0, "c": 1.0})
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    one_by_one = WaitingPolicy(read_all_states_up_to=1)
+    reading = simulate(plan, one_by_one, caps, CALIBRATED)
+    parents_only = simulate(plan, ParentsOnly(one_by_one), caps, CALIBRATED)
+    assert "defer" not in reading.moves and "defer" not in parents_only.moves
+    assert max(reading.handoffs) <= one_by_one.checkpoint_poll + CALIBRATED.checkpoint_read + 1e-9
+    assert max(parents_only.handoffs) > max(reading.handoffs)
