@@ -19,7 +19,8 @@ Run (from the repository root; no Airflow is started)::
     python bench/simulate.py --sessions [--json FILE]   # concurrent_runs.py's batch, simulated
 
 ``--heldout``: the costs fitted to some bench plans only, the others predicted, and generated plans
-measured on a real Airflow (``plan_dags.py --family ... --json``) predicted too
+measured on a real Airflow (``plan_dags.py --family ... --json``, or the ``bench/results/`` records it
+wrote) predicted too
 (:mod:`bench.simulator.heldout`).
 """
 
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="with --families: write the figures (bench/results schema)")
     parser.add_argument("--sessions", action="store_true", help="20 sessions x 20 nodes in a pool of 8")
     parser.add_argument("--heldout", action="store_true", help="prediction error on plans not fitted to")
-    parser.add_argument("--measured", type=Path, nargs="*", default=[], help="plan_dags.py --json files")
+    parser.add_argument(
+        "--measured", type=Path, nargs="*", default=[], help="plan_dags.py --json files or their records"
+    )
     args = parser.parse_args(argv)
     if args.families:
         return run_families(args)

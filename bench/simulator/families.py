@@ -241,6 +241,22 @@ class AlwaysMakeWay:
 
 
 @dataclass(frozen=True)
+class NeverWaitInSlot:
+    """``inner``, but a node whose parents have not all finished never waits in its slot: it waits on the
+    triggerer (holding no slot a ready node could have, as in a static DAG, where only ready tasks hold
+    slots), and its trigger wakes it when they finished or saved their checkpoints."""
+
+    inner: WaitingPolicy = WaitingPolicy()  # noqa: RUF009  # frozen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def next_move(self, view: WaitView) -> Move:
+        move = self.inner.next_move(view)
+        return Move(Wait.DEFER) if move.kind is Wait.WAIT else move
+
+
+@dataclass(frozen=True)
 class ParentsOnly:
     """``inner``, but a node of a large plan (reading one by one) reads its parents' states only, never
     their parents': it cannot tell when they run their tools, so it never looks for their checkpoints
@@ -258,6 +274,12 @@ class ParentsOnly:
 MECHANISMS["make way, no free deferral"] = (AlwaysMakeWay, lambda c: c, {})
 MECHANISMS["far nodes defer at once"] = (FarDefers, lambda c: c, {})
 MECHANISMS["large plans read parents only (not their parents)"] = (ParentsOnly, lambda c: c, {})
+MECHANISMS["far nodes defer at once, weight by descendants"] = (
+    FarDefers,
+    lambda c: c,
+    {"node_weights": "descendants"},
+)
+MECHANISMS["no waiting in a slot (defer until ready)"] = (NeverWaitInSlot, lambda c: c, {"comes_back": False})
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

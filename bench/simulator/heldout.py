@@ -79,15 +79,33 @@ def bench_errors() -> list[dict[str, Any]]:
 
 def measured_families(paths: Iterable[Path]) -> list[tuple[str, str, float, float]]:
     """(database, generated plan's name, plan DAG makespan, static DAG makespan) of each generated plan
-    in ``plan_dags.py --json`` files."""
+    in ``plan_dags.py --json`` files, or in the ``bench/results/`` records ``--record`` wrote from them
+    (figures ``<family>_s<seed>_n<size>_c<cap>_<database>_plan_s`` and ``..._static_s``)."""
     out = []
     for path in paths:
         saved = json.loads(path.read_text())
+        if "figures" in saved:
+            out += _recorded_families(saved["figures"])
+            continue
         for database, by_plan in saved["results"].get("families", {}).items():
             if "error" in by_plan:
                 continue
             for name, f in by_plan.items():
                 out.append((database, name, f["plan"]["makespan"], f["static"]["makespan"]))
+    return out
+
+
+def _recorded_families(figures: dict[str, Any]) -> list[tuple[str, str, float, float]]:
+    """The plans of a ``bench/results/`` record of generated plans (see :func:`measured_families`)."""
+    out = []
+    for key, plan in figures.items():
+        if not key.endswith("_plan_s"):
+            continue
+        stem = key.removesuffix("_plan_s")
+        name, _, database = stem.rpartition("_")
+        static = figures.get(f"{stem}_static_s")
+        if static is not None:
+            out.append((database, name.replace("_", "-"), float(plan), float(static)))
     return out
 
 

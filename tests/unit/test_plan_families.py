@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,34 @@ def test_a_sample_covers_every_family_and_cap() -> None:
     plans = sample(len(FAMILIES) * len(CAPS))
     assert {(p.family, p.cap) for p in plans} == {(f, c) for f in FAMILIES for c in CAPS}
     assert all(20 <= p.size <= 500 for p in sample(200))
+
+
+def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_from(tmp_path: Path) -> None:
+    """``simulate.py --heldout --measured`` takes a ``plan_dags.py --json`` file or the ``bench/results/``
+    record written from it: the same plans, databases and makespans."""
+    import json
+
+    from bench.simulator.heldout import measured_families
+
+    run = {
+        "results": {
+            "families": {
+                "sqlite": {"mixed-s2-n100-c16": {"plan": {"makespan": 89.0}, "static": {"makespan": 84.9}}}
+            }
+        }
+    }
+    record = {
+        "figures": {
+            "mixed_s2_n100_c16_sqlite_plan_s": 89.0,
+            "mixed_s2_n100_c16_sqlite_static_s": 84.9,
+            "mixed_s2_n100_c16_sqlite_ratio": 1.048,
+        }
+    }
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    expected = [("sqlite", "mixed-s2-n100-c16", 89.0, 84.9)]
+    assert (
+        measured_families([tmp_path / "run.json"])
+        == measured_families([tmp_path / "record.json"])
+        == expected
+    )
