@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, lane_task_id
-from airflow_plan_provider.plan.waiting import Wait, WaitView, deferral_is_free
+from airflow_plan_provider.plan.waiting import Move, Wait, WaitView, deferral_is_free
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
@@ -238,7 +238,11 @@ class Simulation:
         sessions_in_turn: bool = True,
         node_weights: str | None = "position",
         comes_back: bool = True,
+        yields_to_ready: str | None = None,
     ) -> None:
+        # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
+        # ("far": only when its parents wait on their own parents; "all": always); None: the policy alone
+        self.yields_to_ready = yields_to_ready
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
             caps,
@@ -635,6 +639,15 @@ class Simulation:
             free_deferral=self._free_deferral(ti),
         )
         move = self.policy.next_move(view)
+        yields = self.yields_to_ready
+        if move.kind is Wait.WAIT and yields and (yields == "all" or not move.near):
+            ready = any(
+                t.state == "scheduled" and all(tis[p].state in FINISHED for p in plan.parents[t.node])
+                for t in tis.values()
+            )
+            if ready:
+                move = Move(Wait.DEFER)
+                self.out.moves["yield"] = self.out.moves.get("yield", 0) + 1
         moves = self.out.moves
         moves[move.kind.value] = moves.get(move.kind.value, 0) + 1
         if move.kind is Wait.READY:

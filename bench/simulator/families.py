@@ -280,6 +280,16 @@ MECHANISMS["far nodes defer at once, weight by descendants"] = (
     {"node_weights": "descendants"},
 )
 MECHANISMS["no waiting in a slot (defer until ready)"] = (NeverWaitInSlot, lambda c: c, {"comes_back": False})
+MECHANISMS["oracle: waiters yield to a ready node without a slot, weight by descendants"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"yields_to_ready": "all", "node_weights": "descendants"},
+)
+MECHANISMS["oracle: far waiters yield to a ready node without a slot, weight by descendants"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"yields_to_ready": "far", "node_weights": "descendants"},
+)
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]
