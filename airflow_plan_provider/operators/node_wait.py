@@ -269,11 +269,11 @@ class SlotWait:
             found = ti.get_task_states(dag_id=ti.dag_id, task_ids=task_ids, run_ids=[ti.run_id])
             return dict(found.get(ti.run_id, {}))
         states = self._read_each(self.tasks)
-        running = [p for p in self.parent_ids if states.get(self.keys[p]) not in FINISHED]
-        if not self.policy.reads_grandparents(states.get(self.keys[p]) for p in running):
+        unfinished = [p for p in self.parent_ids if states.get(self.keys[p]) not in FINISHED]
+        if not self.policy.reads_grandparents(states.get(self.keys[p]) for p in unfinished):
             return states
         seen = self.finished_grandparents
-        unseen = sorted({g for p in running for g in self.parents[p] if self.keys[g] not in seen})
+        unseen = sorted({g for p in unfinished for g in self.parents[p] if self.keys[g] not in seen})
         read = self._read_each(self._where(unseen))
         seen.update({key: state for key, state in read.items() if state in FINISHED})
         return {**states, **seen, **read}

@@ -688,10 +688,10 @@ class Simulation:
         """The grandparents a node reading one by one reads besides its parents: while every unfinished
         parent runs (:meth:`~WaitingPolicy.reads_grandparents`), those of them it has not seen finished."""
         plan, tis = ti.run.plan, ti.run.tis
-        running = [p for p in plan.parents[ti.node] if tis[p].state not in FINISHED]
-        if not self.policy.reads_grandparents(tis[p].state for p in running):
+        unfinished = [p for p in plan.parents[ti.node] if tis[p].state not in FINISHED]
+        if not self.policy.reads_grandparents(tis[p].state for p in unfinished):
             return set()
-        return {g for p in running for g in plan.parents[p]} - ti.grandparents_done
+        return {g for p in unfinished for g in plan.parents[p]} - ti.grandparents_done
 
     def _free_deferral(self, ti: Ti) -> bool:
         """Whether ``ti`` deferred holds nothing another instance could wait for, as the node task tells
