@@ -239,7 +239,13 @@ class Simulation:
         node_weights: str | None = "position",
         comes_back: bool = True,
         yields_to_ready: str | None = None,
+        starts_deferred: str | None = None,
     ) -> None:
+        # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
+        # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
+        # when its parents run their tools) or "ready" (when they finished or saved their checkpoints);
+        # None: each node starts in a slot
+        self.starts_deferred = starts_deferred
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); None: the policy alone
         self.yields_to_ready = yields_to_ready
@@ -490,8 +496,19 @@ class Simulation:
             if run.static:
                 if ti.parents_left == 0:
                     self.set_state(ti, "scheduled")
+            elif self.starts_deferred and run.plan.parents[node]:
+                self._start_deferred(ti)
             else:
                 self.set_state(ti, "scheduled")
+
+    def _start_deferred(self, ti: Ti) -> None:
+        """The scheduler defers the instance as it schedules it (``start_from_trigger``): its trigger
+        reads its parents from the triggerer's pick-up on, and it takes a slot only when resumed."""
+        self.set_state(ti, "deferred")
+        ti.origin = ti.read_at = -1.0
+        near = self.starts_deferred == "near"
+        ti.seen_far, ti.came_back = near, not near
+        self.at(self._triggerer_tick(self.now + self.costs.trigger_pickup), self._trigger, ti, ti.token)
 
     def _queue(self) -> int:
         caps = self.caps

@@ -290,6 +290,23 @@ MECHANISMS["oracle: far waiters yield to a ready node without a slot, weight by 
     lambda c: c,
     {"yields_to_ready": "far", "node_weights": "descendants"},
 )
+# Airflow's start_from_trigger for the node tasks, which the package does not use (Airflow 3.1 and 3.2
+# never start a task on the triggerer; 3.3 and 3.4 start mapped instances there, bench/start_from_trigger.py)
+MECHANISMS["nodes with parents start on the triggerer, take a slot near (start_from_trigger)"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"starts_deferred": "near"},
+)
+MECHANISMS["nodes with parents start on the triggerer, take a slot ready (start_from_trigger)"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"starts_deferred": "ready"},
+)
+MECHANISMS["nodes with parents start on the triggerer, take a slot near, weight by descendants"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"starts_deferred": "near", "node_weights": "descendants"},
+)
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

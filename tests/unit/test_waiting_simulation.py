@@ -202,3 +202,20 @@ def test_a_node_of_a_large_plan_reads_its_grandparents_and_picks_its_parent_up_n
     assert "defer" not in reading.moves and "defer" not in parents_only.moves
     assert max(reading.handoffs) <= one_by_one.checkpoint_poll + CALIBRATED.checkpoint_read + 1e-9
     assert max(parents_only.handoffs) > max(reading.handoffs)
+
+
+def test_a_node_started_on_the_triggerer_takes_a_slot_only_near_its_parents() -> None:
+    """Chain p (20 s) -> m (20 s) -> c (1 s): started on the triggerer (``starts_deferred``, Airflow's
+    start_from_trigger), m and c hold no slot while their parents wait on their own parents. With "near"
+    each is resumed when its parent runs its tool, and starts from that parent's checkpoint; with "ready"
+    only once the parent saved it. Started in a slot, c waits there (or defers) from the start."""
+    plan = SimPlan({"p": [], "m": ["p"], "c": ["m"]}, {"p": 20.0, "m": 20.0, "c": 1.0})
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    near = simulate(plan, POLICY, caps, CALIBRATED, starts_deferred="near")
+    ready = simulate(plan, POLICY, caps, CALIBRATED, starts_deferred="ready")
+    in_slot = simulate(plan, POLICY, caps, CALIBRATED)
+    assert near.deadlock is None and ready.deadlock is None
+    assert near.moves.get("came_back") == 2 and "came_back" not in ready.moves
+    assert near.moves.get("checkpoint") == 2 and ready.moves.get("trigger_checkpoint") == 2
+    assert ready.slot_seconds < near.slot_seconds < in_slot.slot_seconds
+    assert max(near.handoffs) < min(ready.handoffs)  # a slot near the end, against a triggerer hand-off
