@@ -272,8 +272,12 @@ class Simulation:
         self.runs = [Run(i, plan, i * run_gap, static) for i, plan in enumerate(plans)]
         # a plan run's node instances weighed by their node: "position" (one lower per place in the
         # plan's run order, across its tasks, as the package's SessionsInTurn does), "descendants"
-        # (1 + the node's descendants, as a static DAG's tasks), None (one weight: Airflow's map-index
-        # order within each task)
+        # (1 + the node's descendants, as a static DAG's tasks), "descendants from cap 4" (by
+        # descendants where the least of the task, DAG, executor and pool caps is 4 or more, else by
+        # position), None (one weight: Airflow's map-index order within each task)
+        if node_weights == "descendants from cap 4":
+            tightest = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c)
+            node_weights = "descendants" if tightest >= 4 else "position"
         for run in self.runs:
             if not static and node_weights == "position":
                 order = run.plan.order

@@ -307,6 +307,11 @@ MECHANISMS["nodes with parents start on the triggerer, take a slot near, weight 
     lambda c: c,
     {"starts_deferred": "near", "node_weights": "descendants"},
 )
+MECHANISMS["nodes with parents start on the triggerer, take a slot near, by descendants from cap 4"] = (
+    WaitingPolicy,
+    lambda c: c,
+    {"starts_deferred": "near", "node_weights": "descendants from cap 4"},
+)
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]
