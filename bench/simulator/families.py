@@ -75,10 +75,15 @@ class HoldWhileIdle:
         return Move(Wait.WAIT, self.inner.poll_far, near=True)
 
 
+def _engine(**options: Any) -> tuple[Callable[[], Policy], Callable[[Costs], Costs], dict[str, Any]]:
+    """A mechanism of the package's policy and costs, run with the engine's ``options``."""
+    return WaitingPolicy, lambda c: c, options
+
+
 #: mechanism → (policy, costs change, engine options); each is the defaults but for one change
 MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict[str, Any]]] = {
-    "the package's policy and weights": (WaitingPolicy, lambda c: c, {}),
-    "trigger reads states only": (WaitingPolicy, lambda c: c, {"trigger_looks": False}),
+    "the package's policy and weights": _engine(),
+    "trigger reads states only": _engine(trigger_looks=False),
     "slot_wait 120 s": (lambda: WaitingPolicy(slot_wait=120.0), lambda c: c, {}),
     "hold the slot while no ready node needs it": (HoldWhileIdle, lambda c: c, {}),
     "faster trigger: poll 0.1 s, looks 0.1 s": (
@@ -87,14 +92,10 @@ MECHANISMS: dict[str, tuple[Callable[[], Policy], Callable[[Costs], Costs], dict
         {},
     ),
     "triggerer wakes at once (pick-up 0.1 s)": (WaitingPolicy, lambda c: replace(c, trigger_pickup=0.1), {}),
-    "resumed nodes go first (priority weight)": (WaitingPolicy, lambda c: c, {"resumed_first": True}),
-    "no weight by place (map-index order within each task)": (
-        WaitingPolicy,
-        lambda c: c,
-        {"node_weights": None},
-    ),
-    "weight by descendants (as static)": (WaitingPolicy, lambda c: c, {"node_weights": "descendants"}),
-    "no coming back to wait near running parents": (WaitingPolicy, lambda c: c, {"comes_back": False}),
+    "resumed nodes go first (priority weight)": _engine(resumed_first=True),
+    "no weight by place (map-index order within each task)": _engine(node_weights=None),
+    "weight by descendants (as static)": _engine(node_weights="descendants"),
+    "no coming back to wait near running parents": _engine(comes_back=False),
 }
 
 
@@ -280,37 +281,25 @@ MECHANISMS["far nodes defer at once, weight by descendants"] = (
     {"node_weights": "descendants"},
 )
 MECHANISMS["no waiting in a slot (defer until ready)"] = (NeverWaitInSlot, lambda c: c, {"comes_back": False})
-MECHANISMS["oracle: waiters yield to a ready node without a slot, weight by descendants"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"yields_to_ready": "all", "node_weights": "descendants"},
+MECHANISMS["oracle: waiters yield to a ready node without a slot, weight by descendants"] = _engine(
+    yields_to_ready="all", node_weights="descendants"
 )
-MECHANISMS["oracle: far waiters yield to a ready node without a slot, weight by descendants"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"yields_to_ready": "far", "node_weights": "descendants"},
+MECHANISMS["oracle: far waiters yield to a ready node without a slot, weight by descendants"] = _engine(
+    yields_to_ready="far", node_weights="descendants"
 )
 # Airflow's start_from_trigger for the node tasks, which the package does not use (Airflow 3.1 and 3.2
 # never start a task on the triggerer; 3.3 and 3.4 start mapped instances there, bench/start_from_trigger.py)
-MECHANISMS["nodes with parents start on the triggerer, take a slot near (start_from_trigger)"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"starts_deferred": "near"},
+MECHANISMS["nodes with parents start on the triggerer, take a slot near (start_from_trigger)"] = _engine(
+    starts_deferred="near"
 )
-MECHANISMS["nodes with parents start on the triggerer, take a slot ready (start_from_trigger)"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"starts_deferred": "ready"},
+MECHANISMS["nodes with parents start on the triggerer, take a slot ready (start_from_trigger)"] = _engine(
+    starts_deferred="ready"
 )
-MECHANISMS["nodes with parents start on the triggerer, take a slot near, weight by descendants"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"starts_deferred": "near", "node_weights": "descendants"},
+MECHANISMS["nodes with parents start on the triggerer, take a slot near, weight by descendants"] = _engine(
+    starts_deferred="near", node_weights="descendants"
 )
 MECHANISMS["nodes with parents start on the triggerer, take a slot near, by descendants from cap 4"] = (
-    WaitingPolicy,
-    lambda c: c,
-    {"starts_deferred": "near", "node_weights": "descendants from cap 4"},
+    _engine(starts_deferred="near", node_weights="descendants from cap 4")
 )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
