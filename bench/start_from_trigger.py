@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import Bench, load_note, log, ts
 
+from airflow_plan_provider.contract import RESULT_KEY
 from harness.cluster import AirflowApiError
 
 BENCH = Path(__file__).resolve().parent
@@ -64,7 +65,7 @@ def instances(bench: Bench, run_id: str) -> list[dict[str, Any]]:
         if ti["task_id"] == UPSTREAM:
             continue
         try:
-            seen = bench.cluster.xcom(DAG_ID, run_id, ti["task_id"], "return_value", ti["map_index"])
+            seen = bench.cluster.xcom(DAG_ID, run_id, ti["task_id"], RESULT_KEY, ti["map_index"])
         except AirflowApiError:
             seen = None  # the instance pushed nothing (it did not end with a method of its own)
         seen = seen if isinstance(seen, dict) else {}
