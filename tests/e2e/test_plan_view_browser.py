@@ -720,17 +720,28 @@ def test_a_frozen_run_triggered_without_a_logical_date_completes(session: Sessio
     assert_clean(browser, "the plan view of a frozen run without a logical date")
     shot(browser, "16_frozen_run_without_logical_date")
     # its docs: a short list, the source run named as a run of the Airflow the plan was read from
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
 
     browser.get(session.url(f"/dags/{DAILY}"))
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "button[aria-label='Dag Docs']"))[0].click()
-    items = wait(
-        browser,
-        lambda d: [
-            e.text for e in d.find_elements(By.XPATH, "//li[starts-with(normalize-space(), 'Goal:')]/../li")
-        ],
-    )
-    assert [item.split(":", 1)[0] for item in items] == ["Goal", "Frozen from", "Revision", "Schedule"], items
+    # read until the dialog shows the whole list: while it opens, an item may read as no text yet, and
+    # the list may be drawn again
+    heads = ["Goal", "Frozen from", "Revision", "Schedule"]
+    items: list[str] = []
+
+    def listed(d: Any) -> bool:
+        found = d.find_elements(By.XPATH, "//li[starts-with(normalize-space(), 'Goal:')]/../li")
+        try:
+            items[:] = [e.text for e in found]
+        except StaleElementReferenceException:  # the list was drawn again as it was read
+            return False
+        return [item.split(":", 1)[0] for item in items] == heads
+
+    try:
+        wait(browser, listed)
+    except TimeoutException:
+        raise AssertionError(f"the DAG's docs list {items}, not the items {heads}") from None
     assert "of DAG plan_and_execute, made on 20" in items[1] and "which may not be this one" in items[1], (
         items
     )
