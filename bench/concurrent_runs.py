@@ -65,6 +65,7 @@ from _planbench import (
 from _proc import breakdown, snapshot
 from _statsd import SCHEDULER_LOOP, loop_summary
 from node_tax import PROBE, probe_records, request_kind
+from results import head_commit
 
 from bench.simulator.families import quantile
 
@@ -389,8 +390,6 @@ def main() -> int:
 def write_record(path: Path, saved: dict[str, Any]) -> None:
     """A ``bench/results/`` record of a ``--json`` file: the plan DAG's throughput and its sessions'
     latency (p50, p95) next to the static DAG's, medians over the rounds."""
-    import subprocess
-
     rounds = saved["rounds"]
     # each measure: its name in the ratios, its figure's name, its key in a batch's figures
     measures = [("throughput", "nodes_per_min", "nodes/min"), ("p50", "p50_s", "latency p50 s")]
@@ -413,7 +412,6 @@ def write_record(path: Path, saved: dict[str, Any]) -> None:
     header, setup = saved["header"][0], saved["setup"]
     celery = "CeleryExecutor" in setup["executor"]
     cap = setup.get("node_cap")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     record = {
         "question": ("celery-scale-out" if celery else "concurrent-20x20") + ("-node-cap" if cap else ""),
         "title": (
@@ -426,7 +424,7 @@ def write_record(path: Path, saved: dict[str, Any]) -> None:
         "command": setup["command"],
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {setup['executor']}, {DATABASE_NAMES[setup['db']]}",
-        "commit": commit.strip(),
+        "commit": head_commit(),
         "headline": f"{ratios['throughput']:.2f} x static throughput"
         f" ({figures['plan_nodes_per_min']} vs {figures['static_nodes_per_min']} nodes/min); session latency"
         f" p50 {ratios['p50']:.2f} x, p95 {ratios['p95']:.2f} x static"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _planbench import Bench, Question, compare, main, plan_dag_source, print_breakdown, static_dag_source
 from depth import Depth
 from plan_families import FAMILIES, Generated, generate
-from results import beside
+from results import beside, head_commit
 from seed import Seed
 from unbalanced import Unbalanced
 from wide import Wide
@@ -146,7 +146,6 @@ def write_record(path: Path, fields: dict[str, Any], rows: list[tuple[str, str, 
     """One ``bench/results/`` record of ``rows`` (plan name, database, its figures)."""
     import json
     import statistics
-    import subprocess
     import time
 
     figures: dict[str, Any] = {}
@@ -165,7 +164,6 @@ def write_record(path: Path, fields: dict[str, Any], rows: list[tuple[str, str, 
             worst = (f"{name} ({database})", ratio, f"{f['cp']:.1f} s over {f['cp_nodes']} nodes")
     median = statistics.median(ratios)
     figures |= {"median": round(median, 3), "worst": round(worst[1], 3), "plans": len(ratios)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     record = {
         "question": fields["question"],
         "title": f"{what} on a real Airflow, plan DAG and static DAG side by side",
@@ -173,7 +171,7 @@ def write_record(path: Path, fields: dict[str, Any], rows: list[tuple[str, str, 
         "command": fields["command"],
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
         "machine": fields["machine"],
-        "commit": commit.strip(),
+        "commit": head_commit(),
         "headline": f"{len(ratios)} (plan, database) pairs: median {median:.3f} x, worst {worst[1]:.3f} x"
         f" ({worst[0]}, critical path {worst[2]})",
         "figures": figures,

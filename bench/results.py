@@ -104,6 +104,16 @@ def beside(path: Path, question: str) -> Path:
     return path.with_name(f"{time.strftime('%Y-%m-%d', time.gmtime())}-{question}.json")
 
 
+def head_commit() -> str | None:
+    """The checkout's commit (short), which a new measurement records; None outside a git checkout."""
+    import subprocess
+
+    found = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False, cwd=BENCH
+    )
+    return found.stdout.strip() or None
+
+
 def _check_name(path: Path, record: dict[str, Any]) -> None:
     """A file is named after its measurement's date (day) and question."""
     day = record["date"][:10]

@@ -36,7 +36,7 @@ if __package__ in (None, ""):
 
 from airflow_plan_provider.plan.waiting import WaitingPolicy
 from bench.plan_families import FAMILIES
-from bench.results import beside
+from bench.results import beside, head_commit
 from bench.simulator import families, heldout
 from bench.simulator.calibrate import calibrate, figures
 from bench.simulator.engine import simulate
@@ -329,12 +329,8 @@ def flat(figures_: object, prefix: str = "") -> dict[str, object]:
 def write_result(path: Path, **fields_: object) -> None:
     """One measurement in ``bench/results/``'s schema (``figures`` flattened: :func:`flat`)."""
     import json
-    import subprocess
     import time
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     record = {
         "question": fields_["question"],
         "title": fields_["title"],
@@ -342,7 +338,7 @@ def write_result(path: Path, **fields_: object) -> None:
         "command": fields_["command"],
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
         "machine": "2 cores, simulator",
-        "commit": commit,
+        "commit": head_commit(),
         "headline": fields_["headline"],
         "figures": flat(fields_["figures"]),
         "target": fields_["target"],

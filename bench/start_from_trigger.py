@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from importlib.metadata import version
@@ -35,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import Bench, load_note, log, ts
+from results import head_commit
 
 from airflow_plan_provider.contract import RESULT_KEY
 from harness.cluster import AirflowApiError
@@ -174,9 +174,6 @@ def write_record(path: Path, airflow: str, rows: list[dict[str, Any]], run_state
         }
         figures |= {f"{key}_{k}": v for k, v in values.items() if isinstance(v, int | float)}
     figures["mapped_on_triggerer"] = sum(row["on_triggerer"] for row in rows if row["map_index"] >= 0)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False, cwd=BENCH
-    ).stdout.strip()
     interpreter = Path(sys.executable)
     root = BENCH.parent
     python = str(interpreter.relative_to(root)) if interpreter.is_relative_to(root) else "python"
@@ -187,7 +184,7 @@ def write_record(path: Path, airflow: str, rows: list[dict[str, Any]], run_state
         "command": f"{python} bench/start_from_trigger.py",
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
         "machine": machine,
-        "commit": commit or None,
+        "commit": head_commit(),
         "headline": headline(airflow, rows),
         "figures": figures,
         "target": "-",
