@@ -275,9 +275,10 @@ class Simulation:
         # (1 + the node's descendants, as a static DAG's tasks), "descendants from cap 4" (by
         # descendants where the least of the task, DAG, executor and pool caps is 4 or more, else by
         # position), None (one weight: Airflow's map-index order within each task)
+        # the tightest of the caps on a node: the weights' "from cap 4", the time bound below
+        cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
         if node_weights == "descendants from cap 4":
-            tightest = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c)
-            node_weights = "descendants" if tightest >= 4 else "position"
+            node_weights = "descendants" if cap >= 4 else "position"
         for run in self.runs:
             if not static and node_weights == "position":
                 order = run.plan.order
@@ -303,7 +304,6 @@ class Simulation:
         self.loop_running = False
         longest = max((s for p in plans for s in p.seconds.values()), default=0.0)
         self.quiet_bound = quiet_bound or 2 * longest + 600.0
-        cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
         bound = sum(list_scheduling_bound(p, cap) for p in plans)
         tries = 1 + caps.retries
         per_node = 60.0 * tries * sum(len(p.parents) for p in plans) / cap
