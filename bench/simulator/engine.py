@@ -507,11 +507,19 @@ class Simulation:
 
     def _start_deferred(self, ti: Ti) -> None:
         """The scheduler defers the instance as it schedules it (``start_from_trigger``): its trigger
-        reads its parents from the triggerer's pick-up on, and it takes a slot only when resumed."""
-        self.set_state(ti, "deferred")
-        ti.origin = ti.read_at = -1.0
+        reads its parents from the triggerer's pick-up on, and it takes a slot only when resumed ("near":
+        its trigger may have it come back at once; "ready": never)."""
         near = self.starts_deferred == "near"
-        ti.seen_far, ti.came_back = near, not near
+        ti.came_back = not near
+        self._defer(ti, seen_far=near)
+
+    def _defer(self, ti: Ti, seen_far: bool) -> None:
+        """``ti`` deferred: its trigger reads first at the triggerer's pick-up (``seen_far``: as if an
+        earlier read had seen its parents far, so it may come back to wait near them)."""
+        ti.origin = ti.read_at = -1.0  # its trigger has not read yet
+        ti.seen_far = seen_far
+        ti.pace = None
+        self.set_state(ti, "deferred")
         self.at(self._triggerer_tick(self.now + self.costs.trigger_pickup), self._trigger, ti, ti.token)
 
     def _queue(self) -> int:
@@ -692,11 +700,7 @@ class Simulation:
                 self._look_for_checkpoints(ti)
         elif move.kind in (Wait.DEFER, Wait.STEP_ASIDE):
             self._gave_back(ti)
-            ti.origin = ti.read_at = -1.0  # its trigger has not read yet
-            ti.seen_far = False
-            ti.pace = None
-            self.set_state(ti, "deferred")
-            self.at(self._triggerer_tick(now + self.costs.trigger_pickup), self._trigger, ti, ti.token)
+            self._defer(ti, seen_far=False)
         else:
             self._gave_back(ti)
             ti.reschedules += 1
