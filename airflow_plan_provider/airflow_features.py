@@ -11,6 +11,8 @@ asks this module.
 - :func:`task_state_store` (3.3): a retry of the planning task reuses the plan an earlier try
   validated, kept in the task state store. Fallback: kept as a checkpoint in the DAG's artifact store
   (same checks, same reuse).
+- :func:`starts_mapped_on_triggerer` (3.3): ``NodeExecution(start_on_triggerer=True)`` starts the
+  nodes that have parents on the triggerer. Fallback: they start in a slot, as without the setting.
 - :func:`awaiting_input` (3.3): the approval task waits in ``awaiting_input`` (no worker slot, no
   triggerer). Fallback: the standard provider's HITL operator waits deferred, in the triggerer; the
   in-process session runner (:mod:`airflow_plan_provider.testing.in_process`) then lets ``dag.test()``'s
@@ -118,6 +120,18 @@ def awaiting_input() -> bool:
     return any(state.value == "awaiting_input" for state in TaskInstanceState)
 
 
+@cache
+def starts_mapped_on_triggerer() -> bool:
+    """The scheduler starts a task whose operator has ``start_from_trigger`` on the triggerer, mapped
+    instances included: the scheduler's task instance reads the operator's ``start_trigger_args``
+    (before, the scheduler's branch that would defer them was left out)."""
+    try:
+        from airflow.models.taskinstance import TaskInstance
+    except ImportError:
+        return False
+    return hasattr(TaskInstance, "start_trigger_args")
+
+
 def offered() -> dict[str, bool]:
     """Each feature above by name: whether the running Airflow has it."""
     return {
@@ -125,6 +139,7 @@ def offered() -> dict[str, bool]:
         "retry_backoff_multiplier": retry_backoff_multiplier(),
         "task_state_store": task_state_store(),
         "awaiting_input": awaiting_input(),
+        "starts_mapped_on_triggerer": starts_mapped_on_triggerer(),
     }
 
 

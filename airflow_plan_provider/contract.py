@@ -6,6 +6,11 @@ One plan DAG (or one :func:`~airflow_plan_provider.dag_factory.plan_task_group`)
           │           └─ select_nodes__<lane> ── nodes__<lane>   (one pair per pool lane)
           └──────────────────────────────────── finalize ── replan
 
+With ``NodeExecution(start_on_triggerer=True)`` each lane's nodes that have parents run in a task of
+their own, whose instances Airflow starts on the triggerer (:func:`after_lane`): ``select_nodes__after
+── nodes__after`` beside ``nodes``, ``select_nodes__<lane>__after ── nodes__<lane>__after`` beside a
+pool's lane.
+
 and each publishes these XComs (task → key: shape):
 
 - ``plan`` → ``plan``: :class:`~airflow_plan_provider.plan.model.ValidatedPlan`; ``session``:
@@ -43,6 +48,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from airflow_plan_provider.base_model import Model
 from airflow_plan_provider.plan.approval import Approval
+from airflow_plan_provider.plan.calls import node_key
 from airflow_plan_provider.plan.model import Node, ValidatedPlan, node_and_parents
 from airflow_plan_provider.plan.result import SessionResult
 from airflow_plan_provider.plan.session import RunContext, SessionState
@@ -58,6 +64,7 @@ FINALIZE_TASK = "finalize"
 REPLAN_TASK = "replan"
 LANE_SEPARATOR = "__"
 SELECT_PREFIX = "select_"  # a pool lane's select task: ``select_nodes__<lane>``
+AFTER_LANE = "after"  # the lane of a lane's nodes that have parents, started on the triggerer
 
 # ------------------------------------------------------------------------------------------------ XCom keys
 
@@ -82,6 +89,17 @@ LABEL_SEPARATOR = " · "
 def lane_task_id(lane: str | None) -> str:
     """The node task of ``lane``: ``nodes`` for the default lane, ``nodes__<lane>`` for a pool's."""
     return f"{NODES_TASK}{LANE_SEPARATOR}{lane}" if lane else NODES_TASK
+
+
+def after_lane(lane: str | None) -> str:
+    """The lane of ``lane``'s nodes that have parents, where they start on the triggerer
+    (``NodeExecution(start_on_triggerer=True)``): ``after`` for the default lane, ``<lane>__after`` for a
+    pool's.
+
+    >>> after_lane(None), after_lane("gpu"), lane_task_id(after_lane("gpu"))
+    ('after', 'gpu__after', 'nodes__gpu__after')
+    """
+    return f"{lane}{LANE_SEPARATOR}{AFTER_LANE}" if lane else AFTER_LANE
 
 
 def select_task_id(node_task: str) -> str:
@@ -158,7 +176,8 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
 
     Nodes run in the mapped task ``nodes``, except nodes whose tool declares an Airflow pool: Airflow
     gives every instance of a mapped task the task's pool, so those run in a lane of their own,
-    ``nodes__<lane>`` (the planning task records each pooled node's lane in ``run.lanes``). In every task
+    ``nodes__<lane>`` (the planning task records each pooled node's lane in ``run.lanes``); where nodes
+    start on the triggerer, a lane's nodes that have parents run in its :func:`after_lane`. In every task
     the map-index order is the plan's run order
     (:attr:`~airflow_plan_provider.plan.model.ValidatedPlan.run_order`: a parent before its children):
     among instances of equal priority weight Airflow's scheduler hands out slots in map-index order. A
@@ -232,6 +251,13 @@ class NodeBrief(Model):
         (:func:`~airflow_plan_provider.plan.model.node_and_parents`)."""
         parents = [(Node(id=p.id, action="", tool=p.tool, params=p.params), p.optional) for p in self.parents]
         return node_and_parents(self.node, parents)
+
+    def parent_keys(self, scope: str, run_id: str) -> dict[str, str]:
+        """Each parent → the idempotency key of its call (its checkpoint's key) in the session of run
+        ``run_id`` (the session's first run, when this run is a replan) within ``scope``
+        (:func:`~airflow_plan_provider.plan.calls.key_scope`)."""
+        session = self.run.root_run_id or run_id
+        return {p.id: node_key(scope, session, self.plan.node(p.id)) for p in self.parents}
 
     def location(self, node_id: str) -> tuple[str, int]:
         """The task id (without a group's prefix) and map index of the instance of ``node_id``, one of
@@ -313,12 +339,17 @@ def mapped_values(
     return (node_briefs(plan, run, task_id) if briefs is None else briefs).get(task_id, [])
 
 
-def brief_groups(briefs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+def brief_groups(
+    briefs: dict[str, list[dict[str, Any]]], grouped: Iterable[str] = ()
+) -> dict[str, list[dict[str, Any]]]:
     """XCom key (:func:`briefs_key`) → the briefs it holds, in map-index order, for the node tasks that
-    map over their labels (:func:`mapped_values`); given every task's briefs (:func:`node_briefs`)."""
+    map over their labels (:func:`mapped_values`) and for the tasks ``grouped`` (whatever their size:
+    the tasks started on the triggerer, whose trigger reads its node's brief before the instance has its
+    mapped value); given every task's briefs (:func:`node_briefs`)."""
     groups: dict[str, list[dict[str, Any]]] = {}
+    grouped = set(grouped)
     for task_id, task_briefs in briefs.items():
-        if briefs_in_mapped_values(len(task_briefs)):
+        if briefs_in_mapped_values(len(task_briefs)) and task_id not in grouped:
             continue
         for index, brief in enumerate(task_briefs):
             groups.setdefault(briefs_key(task_id, index), []).append(brief)

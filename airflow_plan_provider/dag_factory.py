@@ -25,6 +25,11 @@ Pools: Airflow gives every instance of a mapped task the task's pool. Nodes whos
 ``nodes__<pool>`` built with that pool, mapping over its own ``select_nodes__<pool>`` task. A registry
 without pooled tools builds exactly the tasks above.
 
+Nodes started on the triggerer (``NodeExecution(start_on_triggerer=True)``, where Airflow offers it):
+beside each lane's task, a task ``nodes__after`` (``nodes__<pool>__after``) for the lane's nodes that
+have parents, mapping over its own ``select_`` task; Airflow starts its instances on the triggerer
+(:class:`~airflow_plan_provider.triggers.start.NodeStartTrigger`).
+
 Sessions in turn: every task built here weighs its instances with
 :class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn` (:data:`SESSIONS_IN_TURN`): when runs
 share slots, an earlier session's instances go first. ``operator_args={"weight_rule": ...}`` replaces it.
@@ -50,6 +55,7 @@ from airflow_plan_provider.contract import (
     FINALIZE_TASK,
     PLAN_TASK,
     REPLAN_TASK,
+    after_lane,
     dag_lanes,
     lane_task_id,
     select_task_id,
@@ -101,6 +107,7 @@ class _PlanTasks:
     planner: Planner | None
     tools: ToolRegistry | str
     lanes: dict[str, Tool | ToolSource]
+    starts_on_triggerer: bool  # the nodes with parents start on the triggerer (lanes ``..after``)
     limits: Limits
     budgets: Budgets
     execution: NodeExecution
@@ -145,10 +152,12 @@ class _PlanTasks:
         )
         artifacts = _setting("artifacts", artifacts, ArtifactStore)
         _check_store(artifacts.url)
+        lanes = dag_lanes([*catalog.values(), *catalog.sources])  # pooled tools and sources: node tasks
         return cls(
             planner=planner,
             tools=spec,
-            lanes=dag_lanes([*catalog.values(), *catalog.sources]),  # pooled tools and sources: node tasks
+            lanes=lanes,
+            starts_on_triggerer=_starts_on_triggerer(execution, lanes),
             limits=limits,
             budgets=_setting("budgets", budgets, Budgets),
             execution=execution,
@@ -199,7 +208,31 @@ class _PlanTasks:
         lane_kwargs: dict[str | None, dict[str, Any]] = {None: node_kwargs}
         for lane, tool in self.lanes.items():
             lane_kwargs[lane] = {**node_kwargs, "pool": tool.pool, "pool_slots": tool.pool_slots}
+        if self.starts_on_triggerer:
+            for first, kwargs in list(lane_kwargs.items()):
+                lane_kwargs[after_lane(first)] = kwargs
         return lane_kwargs
+
+    def _start_on_triggerer(self, task: Any) -> None:
+        """Have Airflow start the instances of mapped node task ``task`` on the triggerer, all with the
+        same trigger arguments (:class:`NodeStartTrigger` reads each node's brief by its map index). Set on
+        the mapped task itself, which the scheduler reads and Airflow serializes field by field (an
+        operator argument would be serialized as its ``repr``)."""
+        from airflow.triggers.base import StartTriggerArgs
+
+        from airflow_plan_provider.triggers.start import NodeStartTrigger
+
+        trigger_cls, trigger_kwargs = NodeStartTrigger(
+            checkpoints=self.artifacts.checkpoints, artifact_store=self.artifacts.url
+        ).serialize()
+        task.start_from_trigger = True
+        task.start_trigger_args = StartTriggerArgs(
+            trigger_cls=trigger_cls,
+            trigger_kwargs=trigger_kwargs,
+            next_method="resume_after_parents",
+            next_kwargs={"started_on_triggerer": True},
+            timeout=None,
+        )
 
     def _planning_task(self, goal: str | None, control: Mapping[str, Any]) -> PlanOperator:
         return PlanOperator(
@@ -211,6 +244,7 @@ class _PlanTasks:
             budgets=self.budgets,
             goal=goal,
             lanes=list(self.lanes),
+            start_on_triggerer=self.starts_on_triggerer,
             artifact_store=self.artifacts.url,
             ready_plan=self.ready_plan,
             **control,
@@ -264,6 +298,8 @@ class _PlanTasks:
         task = PlanNodeOperator.partial(task_id=task_id, trigger_rule=first_rule, **kwargs).expand(
             plan_node=source
         )
+        if self.starts_on_triggerer and lane not in (None, *self.lanes):  # a lane's nodes with parents
+            self._start_on_triggerer(task)
         planning >> task
         if approve is not None:
             approve >> task
@@ -452,6 +488,31 @@ def _check_store(artifact_store: str | None) -> None:
     warning = local_store_warning(artifact_store)
     if warning:
         log.warning("%s", warning)
+
+
+def _starts_on_triggerer(execution: NodeExecution, lanes: Mapping[str, Any]) -> bool:
+    """Whether the DAG's nodes with parents start on the triggerer: asked for, and offered by this
+    Airflow (elsewhere they start in a slot, and a warning says so). Raises ``ValueError`` when a pool's
+    lane would share its task with another lane's nodes that start on the triggerer."""
+    if not execution.start_on_triggerer:
+        return False
+    if not airflow_features.starts_mapped_on_triggerer():
+        from airflow.sdk import get_parsing_context
+
+        if get_parsing_context().task_id is None:  # the DAG processor's parse, not each task's
+            log.warning(
+                "NodeExecution(start_on_triggerer=True): this Airflow starts no mapped task instance on the "
+                "triggerer; nodes start in a slot"
+            )
+        return False
+    for lane in lanes:
+        for other in (None, *lanes):
+            if lane == after_lane(other):
+                raise ValueError(
+                    f"pool lane {lane!r} would share its node task {lane_task_id(lane)!r} with the nodes of "
+                    f"lane {other or 'nodes'!r} that start on the triggerer: rename the pool"
+                )
+    return True
 
 
 def _check_map_length(max_nodes: int) -> None:

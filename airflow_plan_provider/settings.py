@@ -73,6 +73,16 @@ class NodeExecution:
         nothing, instead of making way (:mod:`airflow_plan_provider.plan.waiting`), which keeps lanes
         from starving at a shared cap of 1. Under ``dag.test()``, which runs a trigger inline to its
         event before any other task, such a node makes way all the same.
+    :param start_on_triggerer: a node that has parents starts on the triggerer, where Airflow offers it
+        for mapped tasks (3.3 and later; elsewhere nodes start in a slot, as without it): its instance
+        is deferred the moment it is scheduled, takes no task start and no slot while its parents have
+        not begun their tools, and comes to a slot when they run them or have finished
+        (:class:`~airflow_plan_provider.triggers.start.NodeStartTrigger`). A lane's nodes with parents
+        then run in a task of their own (``nodes__after``, ``nodes__<lane>__after``). Airflow counts a
+        deferred instance under its task's cap and, with ``include_deferred``, its pool, and bounds its
+        deferral by the task's ``execution_timeout``: so it needs ``max_active_nodes=None`` (cap the run
+        with the DAG's ``max_active_tasks``, which counts no deferred instance),
+        ``pools_count_deferred=False`` and ``timeout=None``.
 
     >>> NodeExecution(retries=-1)
     Traceback (most recent call last):
@@ -89,6 +99,7 @@ class NodeExecution:
     pool: str | None = None
     slot_wait: timedelta = DEFAULT_SLOT_WAIT
     pools_count_deferred: bool = True
+    start_on_triggerer: bool = False
 
     def __post_init__(self) -> None:
         _count("NodeExecution", "retries", self.retries, 0)
@@ -108,6 +119,39 @@ class NodeExecution:
             )
         if self.pool is not None and (not isinstance(self.pool, str) or not self.pool.strip()):
             raise ValueError(f"NodeExecution.pool must be a pool name or None, got {self.pool!r}")
+        self._check_start_on_triggerer()
+
+    def _check_start_on_triggerer(self) -> None:
+        """Nodes started on the triggerer hold nothing while deferred: no task cap, no pool counting
+        deferred instances, no timeout that would count their wait for their parents."""
+        if not isinstance(self.start_on_triggerer, bool):
+            raise ValueError(
+                f"NodeExecution.start_on_triggerer must be a bool, got {self.start_on_triggerer!r}"
+            )
+        if not self.start_on_triggerer:
+            return
+        held = {
+            "max_active_nodes": (
+                self.max_active_nodes,
+                "None (Airflow counts deferred instances under a task's cap; cap the run with the DAG's "
+                "max_active_tasks)",
+            ),
+            "pools_count_deferred": (
+                self.pools_count_deferred,
+                "False (a pool counting deferred instances would be filled by nodes waiting for their "
+                "parents)",
+            ),
+            "timeout": (
+                self.timeout,
+                "None (Airflow bounds a deferral the scheduler starts by the task's execution_timeout: "
+                "the wait for the parents would count)",
+            ),
+        }
+        for name, (value, needed) in held.items():
+            if value not in (None, False):
+                raise ValueError(
+                    f"NodeExecution(start_on_triggerer=True) needs {name}={needed}, got {value!r}"
+                )
 
     def task_kwargs(self) -> dict[str, Any]:
         """The operator arguments every node task gets from these settings."""

@@ -365,6 +365,7 @@ def plan_dag_source(
     pool: str | None = None,
     node_cap: bool | int = True,
     slot_wait: float | None = None,
+    start_on_triggerer: bool = False,
     **dag: Any,
 ) -> str:
     """A plan DAG with the provider's defaults but for the cap, the static DAG's (``max_active_tasks``
@@ -374,11 +375,17 @@ def plan_dag_source(
     Its planner returns the plan in the file of the bench's plans folder (beside ``calls_folder``) that
     the run's conf names as ``plan_file`` (:meth:`Bench.handed_over`); it also runs a plan given in the
     run's conf itself. Its one tool
-    ``work(seconds)`` sleeps and logs the call through :class:`CallLog`."""
+    ``work(seconds)`` sleeps and logs the call through :class:`CallLog`. ``start_on_triggerer``: the
+    nodes with parents start on the triggerer (no node task cap, and no pool counting deferred
+    instances, as that setting needs)."""
     # ``node_cap=False``: max_active_nodes=None, no task-level cap on the node task; a number: that cap
     if isinstance(node_cap, bool):
         node_cap = max(cap, max_nodes) if node_cap else None
+    if start_on_triggerer:
+        node_cap = None
     execution = f"max_active_nodes={node_cap}, pool={pool!r}"
+    if start_on_triggerer:
+        execution += ", pools_count_deferred=False, start_on_triggerer=True"
     if slot_wait is not None:
         execution += f", slot_wait=timedelta(seconds={slot_wait!r})"
     limits = f"max_nodes={max_nodes}"
@@ -950,14 +957,18 @@ def compare(
     plan: Plan,
     seconds: Mapping[str, float],
     scale: float = 1.0,
+    also: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``repeat`` rounds of (plan DAG, static DAG) on ``plan``; medians, and the median runs' breakdown."""
+    """``repeat`` rounds of (plan DAG, static DAG) on ``plan``; medians, and the median runs' breakdown.
+    ``also``: more plan DAGs (kind → DAG id) run on the same plan in each round, between the two."""
     plan_dag, static_dag = dags
+    conf = {"goal": plan["goal"], "plan": work_plan(plan, seconds, scale)}
     runs = repeat_runs(
         bench,
         repeat,
         [
-            ("plan", plan_dag, {"goal": plan["goal"], "plan": work_plan(plan, seconds, scale)}),
+            ("plan", plan_dag, conf),
+            *((kind, dag_id, conf) for kind, dag_id in (also or {}).items()),
             ("static", static_dag, {"scale": scale}),
         ],
     )

@@ -424,9 +424,7 @@ class PlanNodeOperator(BaseOperator):
             came_back=self._came_back,
             task_cap=self.max_active_tis_per_dagrun,
             pools_count_deferred=self.pools_count_deferred,
-            checkpoint_keys={p.id: run.key(run.plan.node(p.id)) for p in run.brief.parents}
-            if self.checkpoints
-            else {},
+            checkpoint_keys=run.brief.parent_keys(run.scope, ti.run_id) if self.checkpoints else {},
             artifact_store=self.artifact_store,
         )
         if self._came_back:
@@ -464,10 +462,18 @@ class PlanNodeOperator(BaseOperator):
                 )
         return records
 
-    def resume_after_parents(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> None:
-        """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again):
-        look at the parents again (``execute`` sends the label when it must). An event the trigger
-        cannot have sent fails the node, naming the fault (a final state: its message carries the label)."""
+    def resume_after_parents(
+        self,
+        context: Context,
+        event: dict[str, Any] | None = None,
+        started_on_triggerer: bool = False,
+        **_: Any,
+    ) -> None:
+        """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again), or
+        by :class:`~airflow_plan_provider.triggers.start.NodeStartTrigger` for a node Airflow started on
+        the triggerer (``started_on_triggerer``): look at the parents again (``execute`` sends the label
+        when it must). An event the trigger cannot have sent fails the node, naming the fault (a final
+        state: its message carries the label)."""
         try:
             from airflow_plan_provider.triggers.payloads import validate_parents_event
 
@@ -478,6 +484,11 @@ class PlanNodeOperator(BaseOperator):
         self._trigger_made_way = event is not None and event.get("status") == "make_way"
         # the trigger let the node go to wait near its parents, once a try: its next deferral waits to the end
         self._came_back = event is not None and event.get("status") == "wait"
+        if started_on_triggerer:
+            self.log.info(
+                "started on the triggerer; its parents %s",
+                "run their tools" if self._came_back else "finished or saved their results",
+            )
         self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:

@@ -19,7 +19,7 @@ from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.plan.result import NodeRecord
 from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.plan.waiting import FINISHED, Move, Wait, WaitingPolicy, WaitView, deferral_is_free
-from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, trigger_of_brief
 
 
 @dataclass
@@ -136,20 +136,16 @@ class SlotWait:
 
     def trigger(self) -> ParentsFinishedTrigger:
         """The trigger that waits for the parents while the node is deferred."""
-        checkpoints = {}
-        for parent in self.parent_ids:
-            task, index = self.brief.location(parent)
-            if parent in self.checkpoint_keys:
-                checkpoints[f"{self.prefix}{task}_{index}"] = self.checkpoint_keys[parent]
-        return ParentsFinishedTrigger(
+        return trigger_of_brief(
+            self.brief,
             dag_id=self.ti.dag_id,
             run_id=self.ti.run_id,
-            parents=self.tasks,
+            prefix=self.prefix,
             poll_interval=self.policy.trigger_poll,
-            checkpoints=checkpoints,
+            checkpoint_keys=self.checkpoint_keys,
             artifact_store=self.artifact_store,
             free_deferral=self.free_deferral,
-            grandparents=None if self.came_back else self._grandparent_keys(),
+            came_back=self.came_back,
         )
 
     def _grandparent_keys(self) -> dict[str, list[str]]:

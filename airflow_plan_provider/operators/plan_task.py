@@ -30,8 +30,10 @@ from airflow_plan_provider.contract import (
     SESSION_KEY,
     TOOLS_KEY,
     PlanningErrorRecord,
+    after_lane,
     brief_groups,
     lane_of,
+    lane_task_id,
     locked_key,
     mapped_values,
     node_briefs,
@@ -48,7 +50,7 @@ from airflow_plan_provider.operators.links import ParentRunLink
 from airflow_plan_provider.operators.run_dates import with_run_dates
 from airflow_plan_provider.plan.budgets import Budgets
 from airflow_plan_provider.plan.merge import merge_replan
-from airflow_plan_provider.plan.model import Plan, ValidatedPlan
+from airflow_plan_provider.plan.model import Node, Plan, ValidatedPlan
 from airflow_plan_provider.plan.session import (
     PlanSource,
     SessionState,
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 
     from airflow_plan_provider.planners.base import Planner, PlanningOutcome, PlanRequest
     from airflow_plan_provider.tools.sources import ToolListing
+    from airflow_plan_provider.tools.tool import Tool
 
 # The planners, the session checks and the merge are imported where the planning task runs, not at
 # module level: every task of a plan DAG (each node) parses the DAG file, which imports this module.
@@ -108,6 +111,10 @@ class PlanOperator(BaseOperator):
     :param repair_attempts: how many times invalid plans are sent back to the planner (0 or more).
     :param lanes: the pool lanes this DAG has node tasks for; a node whose tool declares a pool runs in
         its lane (recorded in the session), and a pool with no lane here fails planning.
+    :param start_on_triggerer: the DAG has a task started on the triggerer beside each lane's
+        (``NodeExecution.start_on_triggerer``): a node that has parents runs in its lane's
+        :func:`~airflow_plan_provider.contract.after_lane`, whose briefs are always published in groups
+        (its trigger reads its brief there).
     :param artifact_store: the DAG's artifact store, checked to be shared by every worker (a warning).
     :param budgets: the session's budgets when the run's conf (or Params) gives none.
     :param goal: the session's goal, rendered as a Jinja template with the run's context (the task group
@@ -135,12 +142,14 @@ class PlanOperator(BaseOperator):
         goal: str | None = None,
         repair_attempts: int = 2,
         lanes: Sequence[str] = (),
+        start_on_triggerer: bool = False,
         artifact_store: str | None = None,
         ready_plan: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.lanes = list(lanes)
+        self.start_on_triggerer = start_on_triggerer
         self.artifact_store = artifact_store
         self.ready_plan = dict(ready_plan) if ready_plan is not None else None
         if isinstance(repair_attempts, bool) or not isinstance(repair_attempts, int) or repair_attempts < 0:
@@ -284,7 +293,12 @@ class PlanOperator(BaseOperator):
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
         briefs = node_briefs(plan, run)
-        for key, group in brief_groups(briefs).items():
+        started = (
+            [lane_task_id(after_lane(lane)) for lane in (None, *self.lanes)]
+            if self.start_on_triggerer
+            else []
+        )
+        for key, group in brief_groups(briefs, grouped=started).items():
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
 
@@ -325,21 +339,30 @@ class PlanOperator(BaseOperator):
         ti.xcom_push(key=TOOLS_KEY, value=listing.model_dump(mode="json"))
 
     def _lanes(self, plan: ValidatedPlan, tools: ToolRegistry) -> dict[str, str]:
-        """Node id → lane, for the nodes whose tool declares a pool."""
+        """Node id → lane, for the nodes whose tool declares a pool, and where nodes start on the
+        triggerer, for the nodes that have parents (their lane's :func:`after_lane`)."""
         lanes: dict[str, str] = {}
         for node in plan.nodes:
             tool = tools[node.tool]
             lane = lane_of(tool)
+            if self.start_on_triggerer and plan.parents[node.id]:
+                self._check_lane(node, tool, lane)
+                lanes[node.id] = after_lane(lane)
+                continue
             if lane is None:
                 continue
-            if lane not in self.lanes:
-                raise PlanningError(
-                    f"node {node.id}: tool {tool.name!r} declares pool {tool.pool!r} "
-                    f"({tool.pool_slots} slot(s)), but this DAG has no node tasks for it (its pool lanes: "
-                    f"{self.lanes or 'none'}); the DAG file must be parsed again with this tool registry"
-                )
+            self._check_lane(node, tool, lane)
             lanes[node.id] = lane
         return lanes
+
+    def _check_lane(self, node: Node, tool: Tool, lane: str | None) -> None:
+        """A pooled tool's lane must be one this DAG has node tasks for."""
+        if lane is not None and lane not in self.lanes:
+            raise PlanningError(
+                f"node {node.id}: tool {tool.name!r} declares pool {tool.pool!r} "
+                f"({tool.pool_slots} slot(s)), but this DAG has no node tasks for it (its pool lanes: "
+                f"{self.lanes or 'none'}); the DAG file must be parsed again with this tool registry"
+            )
 
     def _fail(
         self, ti: Any, state: SessionState, error: PlanningError, usage: Sequence[Mapping[str, int]] = ()

@@ -14,6 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_plan_provider import compat
+from airflow_plan_provider.contract import NodeBrief
 from airflow_plan_provider.plan.waiting import FINISHED, Wait, WaitingPolicy
 
 POLICY = WaitingPolicy()
@@ -60,6 +61,9 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param grandparents: each parent instance → its own parents' instances (``<task id>_<map index>``),
         while the node may still come back to wait near its parents in this try; None: it waits to the
         end.
+    :param seen_far: the node has not waited near its parents yet (it started on the triggerer,
+        :class:`~airflow_plan_provider.triggers.start.NodeStartTrigger`): given ``grandparents``, it comes
+        back to wait for them as soon as they run their tools, at the first read too.
     :param free_deferral: the deferred node holds nothing another instance could wait for
         (:class:`~airflow_plan_provider.plan.waiting.WaitView`): it keeps waiting for a parent that
         needs a slot, instead of making way. Only on a triggerer (which gives a trigger its task
@@ -79,6 +83,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         artifact_store: str | None = None,
         free_deferral: bool = False,
         grandparents: Mapping[str, list[str]] | None = None,
+        seen_far: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
         self.dag_id = dag_id
@@ -91,6 +96,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         self.grandparents = (
             None if grandparents is None else {key: list(keys) for key, keys in grandparents.items()}
         )
+        self.seen_far = seen_far
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -104,6 +110,7 @@ class ParentsFinishedTrigger(BaseTrigger):
                 "artifact_store": self.artifact_store,
                 "free_deferral": self.free_deferral,
                 "grandparents": self.grandparents,
+                "seen_far": self.seen_far,
             },
         )
 
@@ -114,7 +121,7 @@ class ParentsFinishedTrigger(BaseTrigger):
             yield TriggerEvent({"status": Wait.READY.value})
             return
         failures, failing_since = 0, 0.0
-        seen_far = False  # a read saw a parent wait on its own parents: the node may come back to wait
+        seen_far = self.seen_far  # a read saw a parent wait on its own parents: the node may come back
         while True:
             try:
                 states = await shared_task_states(
@@ -199,6 +206,48 @@ class ParentsFinishedTrigger(BaseTrigger):
             await asyncio.sleep(min(POLICY.checkpoint_poll, left))
         await asyncio.sleep(max(0.0, until - time.monotonic()))
         return False
+
+
+def trigger_of_brief(
+    brief: NodeBrief,
+    *,
+    dag_id: str,
+    run_id: str,
+    prefix: str,
+    poll_interval: float,
+    checkpoint_keys: Mapping[str, str],
+    artifact_store: str | None,
+    free_deferral: bool,
+    came_back: bool,
+    seen_far: bool = False,
+) -> ParentsFinishedTrigger:
+    """The trigger node ``brief`` waits on for its parents, from its brief alone: their instances (task
+    ids with the group's ``prefix``), their checkpoints' keys (``checkpoint_keys``: parent → key), and
+    unless the node ``came_back`` in this try, their own parents' instances (see
+    :class:`ParentsFinishedTrigger` for the rest)."""
+
+    def instance(node: str) -> str:
+        task, index = brief.location(node)
+        return f"{prefix}{task}_{index}"
+
+    parent_ids = [parent.id for parent in brief.parents]
+    parents: dict[str, list[int]] = {}
+    for parent in parent_ids:
+        task, index = brief.location(parent)
+        parents.setdefault(prefix + task, []).append(index)
+    return ParentsFinishedTrigger(
+        dag_id=dag_id,
+        run_id=run_id,
+        parents=parents,
+        poll_interval=poll_interval,
+        checkpoints={instance(p): checkpoint_keys[p] for p in parent_ids if p in checkpoint_keys},
+        artifact_store=artifact_store,
+        free_deferral=free_deferral,
+        grandparents=None
+        if came_back
+        else {instance(p): [instance(g) for g in brief.grandparents.get(p, [])] for p in parent_ids},
+        seen_far=seen_far,
+    )
 
 
 #: (event loop, dag id, run id, task ids) → (when it was asked for, the read): the parents triggers of

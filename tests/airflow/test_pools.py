@@ -219,6 +219,7 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
         "artifact_store": None,
         "free_deferral": False,
         "grandparents": None,
+        "seen_far": False,
     }
     states = {
         "r": {f"{NODES_TASK}_0": "success", f"{lane_task_id(API)}_1": "running", f"{NODES_TASK}_1": "failed"}

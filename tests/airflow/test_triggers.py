@@ -185,6 +185,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         "artifact_store": "s3://bucket/plans",
         "free_deferral": True,
         "grandparents": {f"{NODES_TASK}_0": [f"{lane_task_id('api')}_0"], f"{NODES_TASK}_2": []},
+        "seen_far": False,
     }
     rebuilt = through_the_database(trigger)
     assert type(rebuilt) is ParentsFinishedTrigger

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_KEY, PLAN_TASK, RUN_CONTEXT_KEY
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_KEY,
+    PLAN_TASK,
+    RUN_CONTEXT_KEY,
+    after_lane,
+    lane_task_id,
+    select_task_id,
+)
 from airflow_plan_provider.plan.model import ValidatedPlan
 from airflow_plan_provider.sessions_in_turn import RANK_STRIDE
 from airflow_plan_provider.testing import CallLog
@@ -35,7 +44,9 @@ DAGS = (
     "e2e_sessions_in_turn",
     "e2e_comes_back",
     "e2e_lanes_in_order",
+    "e2e_started_on_triggerer",
 )
+AFTER = lane_task_id(after_lane(None))  # the default lane's nodes that start on the triggerer
 LOCKED = "database is locked"
 HOLD = 8.0  # seconds another writer holds the lock
 
@@ -96,6 +107,44 @@ def test_a_deferred_node_comes_back_to_wait_once_its_parents_start_their_tools(
     }
     assert "waiting on the triggerer" in logs["c"] and came_back in logs["c"], logs["c"]
     assert "waiting on the triggerer" in logs["b"] and came_back not in logs["b"]
+
+
+def test_nodes_with_parents_start_on_the_triggerer_and_come_to_a_slot_near_their_parents(
+    cluster: tuple[AirflowCluster, Path],
+) -> None:
+    """``NodeExecution(start_on_triggerer=True)``, two slots for the run: a (10 s) -> b (3 s) -> c, and
+    r -> d <- c. Airflow starts b, c and d on the triggerer (their task ``nodes__after``), where they
+    wait holding no slot: each instance's first try resumes from its start trigger. b comes to a slot
+    while a runs its tool; every node runs once, after its parents."""
+    airflow, calls = cluster
+    dag_id = "e2e_started_on_triggerer"
+    run_id = airflow.trigger(dag_id, {"goal": "started on the triggerer"})
+    assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
+    log = CallLog(calls / dag_id)
+    a, b, c, r, d = (times(log, node) for node in "abcrd")
+    assert a["end"] <= b["start"] and b["end"] <= c["start"] and max(r["end"], c["end"]) <= d["start"]
+    assert {n: log.count(node=n) for n in "abcrd"} == dict.fromkeys("abcrd", 1)
+    result = airflow.session_result(dag_id, run_id)
+    assert result is not None and result.outputs == {"a": "a", "r": "q", "b": "b", "c": "q", "d": "q"}
+    instances = airflow.task_instances(dag_id, run_id)
+    assert {ti["task_id"] for ti in instances} == {
+        PLAN_TASK,
+        NODES_TASK,
+        select_task_id(AFTER),
+        AFTER,
+        FINALIZE_TASK,
+    }
+    after = sorted((ti for ti in instances if ti["task_id"] == AFTER), key=lambda ti: ti["map_index"])
+    assert [ti["rendered_map_index"].split(" · ")[0] for ti in after] == ["b", "c", "d"]
+    logs = {
+        node: airflow.task_log(dag_id, run_id, AFTER, try_number=1, map_index=i)
+        for i, node in enumerate("bcd")
+    }
+    for node, text in logs.items():
+        assert "started on the triggerer" in text, (node, text)
+    assert "started on the triggerer; its parents run their tools" in logs["b"], logs["b"]
+    roots = airflow.task_log(dag_id, run_id, NODES_TASK, try_number=1, map_index=0)
+    assert "started on the triggerer" not in roots
 
 
 @pytest.mark.parametrize(

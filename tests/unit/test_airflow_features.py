@@ -53,7 +53,13 @@ def test_the_installed_airflow_is_supported_and_its_features_are_known() -> None
     assert installed is not None and airflow_requirement().specifier.contains(installed, prereleases=True)
     require_supported_airflow()
     offered = airflow_features.offered()
-    names = {"retry_policies", "retry_backoff_multiplier", "task_state_store", "awaiting_input"}
+    names = {
+        "retry_policies",
+        "retry_backoff_multiplier",
+        "task_state_store",
+        "awaiting_input",
+        "starts_mapped_on_triggerer",
+    }
     assert set(offered) == names
     assert all(isinstance(value, bool) for value in offered.values())
 
@@ -111,3 +117,13 @@ def test_no_module_but_the_features_one_looks_at_airflows_version() -> None:
         if path.name != FEATURES and any(look in path.read_text(encoding="utf-8") for look in looks)
     ]
     assert offenders == []
+
+
+def test_mapped_instances_start_on_the_triggerer_from_airflow_3_3() -> None:
+    """What ``bench/start_from_trigger.py`` measured (records ``start-from-trigger-mapped-*``): 3.1 and 3.2
+    start a mapped ``start_from_trigger`` instance on a worker, 3.3 and later on the triggerer. The
+    feature is detected, not read from the version: this holds the detection to the measurement."""
+    installed = airflow_features.installed_airflow()
+    assert installed is not None
+    release = airflow_features._release(installed)
+    assert airflow_features.starts_mapped_on_triggerer() is (release >= (3, 3))

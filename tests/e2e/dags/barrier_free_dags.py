@@ -180,3 +180,32 @@ e2e_lanes_in_order = build_plan_dag(
     execution=NodeExecution(retries=0),
     replan=False,
 )
+
+# nodes with parents started on the triggerer, two slots for the run (the DAG's max_active_tasks, which
+# counts no deferred instance): b, c and d wait there, holding no slot, while a runs
+STARTED_ON_TRIGGERER = {
+    "goal": "started on the triggerer",
+    "nodes": [
+        {"id": "a", "action": "long root", "tool": "long"},
+        {"id": "r", "action": "quick root", "tool": "quick"},
+        {"id": "b", "action": "after a", "tool": "middle", "dependencies": ["a"]},
+        {"id": "c", "action": "after b", "tool": "quick", "dependencies": ["b"]},
+        {"id": "d", "action": "after r and c", "tool": "quick", "dependencies": ["r", "c"]},
+    ],
+}
+
+_log = call_log("e2e_started_on_triggerer")
+e2e_started_on_triggerer = build_plan_dag(
+    "e2e_started_on_triggerer",
+    planner=ScriptedPlanner(STARTED_ON_TRIGGERER),
+    tools=scripted_registry(
+        ScriptedTool("long", log=_log, returns="a", sleep=10),
+        ScriptedTool("middle", log=_log, returns="b", sleep=3),
+        ScriptedTool("quick", log=_log, returns="q", sleep=0.2),
+    ),
+    execution=NodeExecution(
+        max_active_nodes=None, retries=0, pools_count_deferred=False, start_on_triggerer=True
+    ),
+    replan=False,
+    max_active_tasks=2,
+)

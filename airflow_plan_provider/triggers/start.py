@@ -1,0 +1,121 @@
+"""The trigger a node that has parents starts with, on the triggerer (``NodeExecution(start_on_triggerer=
+True)``): Airflow defers the instance the moment it schedules it, so the node takes no task start and
+no slot until its parents run their tools or have finished.
+
+Airflow hands the trigger the same keyword arguments for every instance of the task (those of the
+operator's ``start_trigger_args``), and the instance's own task instance (its run, task and map index) on
+the triggerer. From those the trigger reads the node's brief (:class:`~airflow_plan_provider.contract.
+NodeBrief`, which the planning task publishes in groups for these tasks whatever their size) and then
+waits as a node deferred from its slot does (:class:`~.parents.ParentsFinishedTrigger`, whose
+``seen_far`` has the node come back to a slot as soon as its parents run their tools). The node resumes
+in :meth:`~airflow_plan_provider.operators.node.PlanNodeOperator.resume_after_parents` with that
+trigger's event, and from there runs as any node does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_plan_provider.contract import BRIEFS_PER_XCOM, PLAN_TASK, NodeBrief, briefs_key
+from airflow_plan_provider.plan.calls import key_scope
+from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, trigger_of_brief
+
+POLICY = WaitingPolicy()
+log = logging.getLogger(__name__)
+
+
+class NodeStartTrigger(BaseTrigger):
+    """Read the brief of the node instance this trigger runs for, then wait for its parents
+    (:class:`~.parents.ParentsFinishedTrigger`, its events passed on). Fires ``{"status": "ready"}`` at
+    once when it has no task instance (run outside a triggerer), when the brief cannot be read, or when
+    the node has no parent: the node then starts in its slot and reads its brief itself, which names any
+    fault.
+
+    :param poll_interval: seconds between two reads of the parents' states.
+    :param checkpoints: whether the DAG keeps checkpoints (the trigger then also looks for the parents'
+        results in ``artifact_store``).
+    :param artifact_store: the store the checkpoints are in (None: the default store).
+    """
+
+    def __init__(
+        self,
+        *,
+        poll_interval: float = POLICY.trigger_poll,
+        checkpoints: bool = True,
+        artifact_store: str | None = None,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
+        self.poll_interval = poll_interval
+        self.checkpoints = checkpoints
+        self.artifact_store = artifact_store
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "poll_interval": self.poll_interval,
+                "checkpoints": self.checkpoints,
+                "artifact_store": self.artifact_store,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        ti = self.task_instance
+        brief = await self._brief(ti) if ti is not None else None
+        if brief is None or not brief.parents:
+            yield TriggerEvent({"status": Wait.READY.value})
+            return
+        waiting = self.waiting(ti, brief)
+        waiting.task_instance = ti
+        async for event in waiting.run():
+            yield event
+
+    def waiting(self, ti: Any, brief: NodeBrief) -> ParentsFinishedTrigger:
+        """The wait of node ``brief`` (task instance ``ti``) for its parents: what a node deferred from
+        its slot waits on (:func:`~.parents.trigger_of_brief`), coming back to a slot as soon as its
+        parents run their tools. Its deferral holds nothing (``start_on_triggerer`` needs no task cap
+        and no pool counting deferred instances)."""
+        prefix = _group_prefix(ti.task_id)
+        scope = key_scope(ti.dag_id, prefix.rstrip("."))
+        return trigger_of_brief(
+            brief,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            prefix=prefix,
+            poll_interval=self.poll_interval,
+            checkpoint_keys=brief.parent_keys(scope, ti.run_id) if self.checkpoints else {},
+            artifact_store=self.artifact_store,
+            free_deferral=True,
+            came_back=False,
+            seen_far=True,
+        )
+
+    @staticmethod
+    async def _brief(ti: Any) -> NodeBrief | None:
+        """The node's brief, from its group published by the planning task (None when it cannot be read)."""
+        prefix = _group_prefix(ti.task_id)
+        task_id = ti.task_id.removeprefix(prefix)
+        try:
+            briefs = await ti.axcom_pull(
+                task_ids=prefix + PLAN_TASK, key=briefs_key(task_id, ti.map_index), map_indexes=-1
+            )
+            return NodeBrief.model_validate(briefs[ti.map_index % BRIEFS_PER_XCOM])
+        except Exception as error:  # the node reads it again in its slot, and names the fault there
+            log.warning(
+                "could not read the brief of %s[%s] (%s); starting it in a slot",
+                ti.task_id,
+                ti.map_index,
+                error,
+            )
+            return None
+
+
+def _group_prefix(task_id: str) -> str:
+    """The task group prefix of a node task's id (``triage.nodes__after`` → ``triage.``): a node task's
+    own id has no dot."""
+    return task_id[: task_id.rfind(".") + 1]

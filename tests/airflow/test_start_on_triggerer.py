@@ -1,0 +1,180 @@
+"""Nodes started on the triggerer (``NodeExecution(start_on_triggerer=True)``): the DAG's shape, what it
+serializes, what planning publishes for them, and the trigger they start with, in-process. A real
+scheduler and triggerer starting them: ``tests/e2e/test_barrier_free.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from airflow_plan_provider import NodeExecution, airflow_features
+from airflow_plan_provider.contract import (
+    FINALIZE_TASK,
+    NODES_TASK,
+    PLAN_TASK,
+    SESSION_KEY,
+    NodeBrief,
+    after_lane,
+    briefs_key,
+    lane_task_id,
+    node_briefs,
+    node_tasks,
+    select_task_id,
+)
+from airflow_plan_provider.plan.session import RunContext
+from airflow_plan_provider.plan.validate import validate_plan
+from airflow_plan_provider.testing import CallLog
+from airflow_plan_provider.testing.in_process import run_plan_dag
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
+from airflow_plan_provider.triggers.start import NodeStartTrigger
+from tests.airflow.support import xcom
+from tests.airflow.test_pools import API, HEAVY_LANE, MIXED_PLAN, build, outcome
+from tests.airflow.test_pools import pools as pools  # the fixture: the pools the pooled tools name
+
+AFTER = lane_task_id(after_lane(None))  # the default lane's task started on the triggerer
+STARTED = NodeExecution(
+    max_active_nodes=None, pools_count_deferred=False, start_on_triggerer=True, retry_delay=timedelta(0)
+)
+needs_feature = pytest.mark.skipif(
+    not airflow_features.starts_mapped_on_triggerer(),
+    reason="this Airflow starts no mapped task instance on the triggerer (3.3 and later do)",
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "needed"),
+    [
+        ({"max_active_nodes": 5}, "max_active_nodes=None"),
+        ({"pools_count_deferred": True}, "pools_count_deferred=False"),
+        ({"timeout": timedelta(minutes=5)}, "timeout=None"),
+        ({"start_on_triggerer": "yes"}, "must be a bool"),
+    ],
+)
+def test_a_start_on_the_triggerer_that_would_hold_a_cap_a_pool_or_a_timeout_is_refused(
+    change: dict[str, Any], needed: str
+) -> None:
+    settings = {"max_active_nodes": None, "pools_count_deferred": False, "start_on_triggerer": True}
+    with pytest.raises(ValueError, match="start_on_triggerer") as refused:
+        NodeExecution(**{**settings, **change})
+    assert needed in str(refused.value)
+
+
+@needs_feature
+def test_each_lane_gets_a_task_started_on_the_triggerer_and_the_dag_serializes_it_field_by_field(
+    tmp_path: Any,
+) -> None:
+    from airflow.serialization import serialized_objects
+
+    serialization = getattr(serialized_objects, "DagSerialization", serialized_objects.SerializedDAG)
+    dag = build("started_shape", CallLog(tmp_path), execution=STARTED)
+    firsts = [NODES_TASK, lane_task_id(API), lane_task_id(HEAVY_LANE)]
+    afters = [lane_task_id(after_lane(lane)) for lane in (None, API, HEAVY_LANE)]
+    selects = [select_task_id(task) for task in [*firsts[1:], *afters]]
+    assert sorted(dag.task_ids) == sorted([PLAN_TASK, FINALIZE_TASK, *firsts, *afters, *selects])
+    for task_id in firsts:
+        assert not dag.get_task(task_id).start_from_trigger
+    for first, task_id in zip(firsts, afters, strict=True):
+        task = dag.get_task(task_id)
+        assert task.start_from_trigger
+        assert task.start_trigger_args.trigger_cls == "airflow_plan_provider.triggers.start.NodeStartTrigger"
+        assert task.start_trigger_args.next_method == "resume_after_parents"
+        assert task.upstream_task_ids == {PLAN_TASK, select_task_id(task_id)}
+        # the same pool as its lane's first task
+        assert task.partial_kwargs.get("pool") == dag.get_task(first).partial_kwargs.get("pool")
+    data = serialization.to_dict(dag)
+    text = json.dumps(data, sort_keys=True)
+    assert "StartTriggerArgs(" not in text  # no object repr: the same on every parse
+    assert text == json.dumps(
+        serialization.to_dict(build("started_shape", CallLog(tmp_path), execution=STARTED)), sort_keys=True
+    )
+    loaded = serialization.from_dict(data)
+    assert loaded.get_task(AFTER).start_from_trigger
+    assert not loaded.get_task(NODES_TASK).start_from_trigger
+
+
+@needs_feature
+@pytest.mark.airflow
+@pytest.mark.usefixtures("pools")
+def test_a_plan_started_on_the_triggerer_ends_as_without_and_publishes_every_after_brief(
+    tmp_path: Any,
+) -> None:
+    """dag.test() runs the instances in a slot (it starts none on a triggerer): the lanes, briefs and
+    outcome are what the scheduler's start would find."""
+    plain = run_plan_dag(build("started_plain", CallLog(tmp_path / "plain")))
+    started = run_plan_dag(build("started_run", CallLog(tmp_path / "started"), execution=STARTED))
+    assert str(started.state) == str(plain.state) == "success"
+    assert outcome(started) == outcome(plain)
+    lanes = xcom(started, PLAN_TASK, key=SESSION_KEY)["lanes"]
+    assert lanes == {
+        "a": API,
+        "c": API,
+        "d": HEAVY_LANE,
+        "e": "after",
+        "f": f"{API}__after",
+        "g": "after",
+    }
+    # a task of a few instances maps over its briefs, and its trigger reads them from their group too
+    group = xcom(started, PLAN_TASK, key=briefs_key(AFTER, 0))
+    assert [NodeBrief.model_validate(brief).node_id for brief in group] == ["e", "g"]
+
+
+def test_the_start_trigger_reads_its_nodes_brief_and_waits_as_a_deferred_node_does() -> None:
+    """The trigger of instance 1 of ``nodes__after`` in a task group reads its brief from its group and
+    waits on its parents' instances, with their checkpoints' keys, coming back near them at once."""
+    plan = validate_plan(MIXED_PLAN)
+    run = RunContext(lanes={"e": "after", "f": f"{API}__after", "g": "after", "a": API, "c": API})
+    tasks = node_tasks(plan, run)
+    assert tasks[AFTER] == ["e", "g"]
+    groups = {briefs_key(AFTER, 0): node_briefs(plan, run)[AFTER]}
+    ti = _TriggerTi(f"grp.{AFTER}", 1, groups)
+    trigger = NodeStartTrigger(poll_interval=0.25, checkpoints=True, artifact_store="file:///tmp/store")
+    brief = asyncio.run(trigger._brief(ti))
+    assert brief is not None and brief.node_id == "g"
+    assert ti.pulled == [("grp.plan", briefs_key(AFTER, 0), -1)]
+    waiting = trigger.waiting(ti, brief)
+    assert isinstance(waiting, ParentsFinishedTrigger)
+    kwargs = waiting.serialize()[1]
+    where = {node: f"grp.{task}_{index}" for task, nodes in tasks.items() for index, node in enumerate(nodes)}
+    assert kwargs["parents"] == _parents_of("g", plan, where)
+    assert set(kwargs["checkpoints"]) == {where[p] for p in plan.parents["g"]}
+    assert kwargs["seen_far"] is True and kwargs["free_deferral"] is True
+    assert kwargs["poll_interval"] == 0.25 and kwargs["artifact_store"] == "file:///tmp/store"
+    assert kwargs["grandparents"] == {
+        where[p]: [where[g] for g in plan.parents[p]] for p in plan.parents["g"]
+    }
+
+
+def test_a_start_trigger_that_cannot_read_its_brief_lets_the_node_start_in_its_slot() -> None:
+    trigger = NodeStartTrigger()
+    trigger.task_instance = _TriggerTi(AFTER, 3, {})
+
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event.payload
+
+    assert asyncio.run(first()) == {"status": "ready"}
+
+
+def _parents_of(node: str, plan: Any, where: dict[str, str]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for parent in plan.parents[node]:
+        task, _, index = where[parent].rpartition("_")
+        found.setdefault(task, []).append(int(index))
+    return found
+
+
+class _TriggerTi:
+    """What a trigger gets as its task instance on the triggerer, reading XCom from ``groups``."""
+
+    def __init__(self, task_id: str, map_index: int, groups: dict[str, Any]) -> None:
+        self.dag_id, self.run_id, self.task_id, self.map_index = "dag", "run", task_id, map_index
+        self.groups, self.pulled = groups, []
+
+    async def axcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
+        self.pulled.append((task_ids, key, map_indexes))
+        return self.groups[key]
