@@ -189,11 +189,14 @@ def node_tasks(plan: ValidatedPlan, run: RunContext) -> dict[str, list[str]]:
     return tasks
 
 
-def node_places(plan: ValidatedPlan, run: RunContext) -> dict[str, list[int]]:
-    """Node task id → the place in the plan's run order of each of its instances' nodes, in map-index
-    order: the order :class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn` weighs a run's
-    node instances in across its node tasks (in a run without lanes, the map indexes themselves)."""
-    place = {node: i for i, node in enumerate(plan.run_order)}
+def node_places(plan: ValidatedPlan, run: RunContext, by_descendants: bool = False) -> dict[str, list[int]]:
+    """Node task id → the place of each of its instances' nodes, in map-index order: the order
+    :class:`~airflow_plan_provider.sessions_in_turn.SessionsInTurn` weighs a run's node instances in
+    across its node tasks. The place in the plan's run order (in a run without lanes, the map indexes
+    themselves), or ``by_descendants`` in its :attr:`~.ValidatedPlan.descendant_order` (where nodes
+    start on the triggerer: see :meth:`~.PlanOperator.places_by_descendants`)."""
+    order = plan.descendant_order if by_descendants else plan.run_order
+    place = {node: i for i, node in enumerate(order)}
     return {task: [place[node] for node in nodes] for task, nodes in node_tasks(plan, run).items()}
 
 

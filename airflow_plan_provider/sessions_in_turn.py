@@ -24,7 +24,8 @@ its node's *place* in the plan's run order (a parent before its children):
   unfinished node in that order gets the next free slot of any cap the tasks share (the argument in
   :mod:`airflow_plan_provider.plan.waiting`). In a run without lanes the place is the map index, and
   the order within the task is Airflow's own; with lanes the planning task publishes every instance's
-  place (XCom ``places``, :func:`~airflow_plan_provider.contract.node_places`).
+  place (XCom ``places``, :func:`~airflow_plan_provider.contract.node_places`: in the run order, or
+  where nodes start on the triggerer in the plan's descendant order, which also puts parents first).
 
 Against other DAGs' tasks a plan DAG's instance never ranks above what the default rule gives it.
 

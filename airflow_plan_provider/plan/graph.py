@@ -59,6 +59,19 @@ def run_order(layers: list[list[str]], parents: Mapping[str, Iterable[str]]) -> 
     return [node for layer in layers for node in sorted(layer, key=lambda node: -counts[node])]
 
 
+def descendant_order(layers: list[list[str]], parents: Mapping[str, Iterable[str]]) -> list[str]:
+    """The nodes by how many nodes descend from them, most first, ties in :func:`run_order`: a static
+    DAG's weight order across the whole plan, not layer by layer. A parent has more descendants than
+    each of its children, so a parent still comes before its children.
+
+    >>> layers, parents = [["a", "b", "d"], ["c"], ["e"]], {"a": [], "b": [], "d": [], "c": ["a"], "e": ["c"]}
+    >>> run_order(layers, parents), descendant_order(layers, parents)
+    (['a', 'b', 'd', 'c', 'e'], ['a', 'c', 'b', 'd', 'e'])
+    """
+    counts = descendant_counts(layers, parents)
+    return sorted(run_order(layers, parents), key=lambda node: -counts[node])
+
+
 def find_cycle(parents: Mapping[str, Iterable[str]]) -> list[str] | None:
     """A cycle (first node repeated at the end) or None.
 

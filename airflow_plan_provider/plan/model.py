@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, model_validator
 
 from airflow_plan_provider.base_model import Model
-from airflow_plan_provider.plan.graph import run_order
+from airflow_plan_provider.plan.graph import descendant_order, run_order
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 
@@ -120,6 +120,11 @@ class ValidatedPlan(Plan):
         """Every node in the order its task instances get slots (:func:`~.graph.run_order`): the map
         indexes of the node tasks, and the order a step budget counts."""
         return run_order(self.layers, self.parents)
+
+    @cached_property
+    def descendant_order(self) -> list[str]:
+        """Every node by its number of descendants, most first (:func:`~.graph.descendant_order`)."""
+        return descendant_order(self.layers, self.parents)
 
     def layer_of(self, node_id: str) -> int:
         for index, layer in enumerate(self.layers):

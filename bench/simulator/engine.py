@@ -274,14 +274,19 @@ class Simulation:
         # plan's run order, across its tasks, as the package's SessionsInTurn does), "descendants"
         # (1 + the node's descendants, as a static DAG's tasks), "descendants from cap 4" (by
         # descendants where the least of the task, DAG, executor and pool caps is 4 or more, else by
-        # position), None (one weight: Airflow's map-index order within each task)
+        # position), "descendant places" (one lower per place in the order by descendants, most first,
+        # ties in run order: the package's places with start_on_triggerer where the caps are 4 or more),
+        # "descendant places from cap 4", None (one weight: Airflow's map-index order within each task)
         # the tightest of the caps on a node: the weights' "from cap 4", the time bound below
         cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
-        if node_weights == "descendants from cap 4":
-            node_weights = "descendants" if cap >= 4 else "position"
+        if node_weights in ("descendants from cap 4", "descendant places from cap 4"):
+            node_weights = node_weights.removesuffix(" from cap 4") if cap >= 4 else "position"
         for run in self.runs:
-            if not static and node_weights == "position":
+            if not static and node_weights in ("position", "descendant places"):
                 order = run.plan.order
+                if node_weights == "descendant places":
+                    descendants = run.plan.descendants()
+                    order = sorted(order, key=lambda n: -descendants[n])
                 run.weights = {n: len(order) - i for i, n in enumerate(order)}
                 # a mapped task's first instance is the placeholder Airflow created with the run (map
                 # index -1, no node yet: place 0), turned into map index 0 at expansion, weight kept

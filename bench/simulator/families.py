@@ -287,8 +287,9 @@ MECHANISMS["oracle: waiters yield to a ready node without a slot, weight by desc
 MECHANISMS["oracle: far waiters yield to a ready node without a slot, weight by descendants"] = _engine(
     yields_to_ready="far", node_weights="descendants"
 )
-# Airflow's start_from_trigger for the node tasks, which the package does not use (Airflow 3.1 and 3.2
-# never start a task on the triggerer; 3.3 and 3.4 start mapped instances there, bench/start_from_trigger.py)
+# Airflow's start_from_trigger for the node tasks (NodeExecution(start_on_triggerer=True); Airflow 3.1 and
+# 3.2 never start a task on the triggerer, 3.3 and 3.4 start mapped instances there,
+# bench/start_from_trigger.py)
 MECHANISMS["nodes with parents start on the triggerer, take a slot near (start_from_trigger)"] = _engine(
     starts_deferred="near"
 )
@@ -300,6 +301,9 @@ MECHANISMS["nodes with parents start on the triggerer, take a slot near, weight 
 )
 MECHANISMS["nodes with parents start on the triggerer, take a slot near, by descendants from cap 4"] = (
     _engine(starts_deferred="near", node_weights="descendants from cap 4")
+)
+MECHANISMS["start_on_triggerer: start near, places by descendants from cap 4 (the package's)"] = _engine(
+    starts_deferred="near", node_weights="descendant places from cap 4"
 )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (

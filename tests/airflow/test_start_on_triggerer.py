@@ -16,6 +16,7 @@ from airflow_plan_provider import NodeExecution, airflow_features
 from airflow_plan_provider.contract import (
     FINALIZE_TASK,
     NODES_TASK,
+    PLACES_KEY,
     PLAN_TASK,
     SESSION_KEY,
     NodeBrief,
@@ -121,6 +122,43 @@ def test_a_plan_started_on_the_triggerer_ends_as_without_and_publishes_every_aft
     # a task of a few instances maps over its briefs, and its trigger reads them from their group too
     group = xcom(started, PLAN_TASK, key=briefs_key(AFTER, 0))
     assert [NodeBrief.model_validate(brief).node_id for brief in group] == ["e", "g"]
+
+
+# a chain a -> c -> e beside two roots: the run order goes layer by layer (a, b, d, c, e), the descendant
+# order down the chain first (a, c, b, d, e)
+CHAIN_BESIDE_ROOTS = {
+    "goal": "a chain beside two roots",
+    "nodes": [
+        {"id": "a", "action": "chain 1", "tool": "local", "params": {"x": 1}},
+        {"id": "b", "action": "root", "tool": "local", "params": {"x": 2}},
+        {"id": "d", "action": "root", "tool": "local", "params": {"x": 3}},
+        {"id": "c", "action": "chain 2", "tool": "local", "params": {"x": 4}, "dependencies": ["a"]},
+        {"id": "e", "action": "chain 3", "tool": "local", "params": {"x": 5}, "dependencies": ["c"]},
+    ],
+}
+
+
+@needs_feature
+@pytest.mark.airflow
+@pytest.mark.parametrize(("slots", "places"), [(8, [[0, 2, 3], [1, 4]]), (2, [[0, 1, 2], [3, 4]])])
+def test_with_four_slots_or_more_nodes_started_on_the_triggerer_are_weighed_by_their_descendants(
+    tmp_path: Any, slots: int, places: list[list[int]]
+) -> None:
+    """The places the planning task publishes for the weight rule: by descendants (the chain first) in a
+    run of at least four slots, in the run order (layer by layer) below that."""
+    plan = validate_plan(CHAIN_BESIDE_ROOTS)
+    assert (plan.run_order, plan.descendant_order) == (list("abdce"), list("acbde"))
+    dag = build(
+        f"started_places_{slots}",
+        CallLog(tmp_path),
+        plan_=CHAIN_BESIDE_ROOTS,
+        pooled=False,
+        execution=STARTED,
+        max_active_tasks=slots,
+    )
+    run = run_plan_dag(dag)
+    assert str(run.state) == "success"
+    assert xcom(run, PLAN_TASK, key=PLACES_KEY) == {NODES_TASK: places[0], AFTER: places[1]}
 
 
 def test_the_start_trigger_reads_its_nodes_brief_and_waits_as_a_deferred_node_does() -> None:
