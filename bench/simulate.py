@@ -14,7 +14,7 @@ Run (from the repository root; no Airflow is started)::
     python bench/simulate.py --sweep         # the policy's numbers, one at a time (about a minute)
     python bench/simulate.py --calibrate     # fit the costs to the measured figures (a few minutes)
     python bench/simulate.py --families 1000 [--json bench/results/DATE-families-sim.json]
-    python bench/simulate.py --families 300 --mechanisms [--json FILE]
+    python bench/simulate.py --families 300 --mechanisms [--only start_on_triggerer] [--json FILE]
     python bench/simulate.py --heldout [--measured plan_dags.json ...] [--json FILE]   # a few minutes
     python bench/simulate.py --sessions [--json FILE]   # concurrent_runs.py's batch, simulated
 
@@ -116,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mechanisms", action="store_true", help="with --families: try each hand-off variant"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PART",
+        help="with --mechanisms: the package's and the mechanisms whose name contains PART (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="with --families: write the figures (bench/results schema)")
     parser.add_argument("--sessions", action="store_true", help="20 sessions x 20 nodes in a pool of 8")
     parser.add_argument("--heldout", action="store_true", help="prediction error on plans not fitted to")
@@ -146,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_families(args: argparse.Namespace) -> int:
     """``--families N`` (and ``--mechanisms``): print the distributions, write ``--json``."""
     command = f"python bench/simulate.py --families {args.families}" + (
-        " --mechanisms" if args.mechanisms else ""
+        " --mechanisms" + "".join(f" --only {part!r}" for part in args.only) if args.mechanisms else ""
     )
     if args.mechanisms:
-        tried = families.try_mechanisms(args.families, args.seed)
+        tried = families.try_mechanisms(args.families, args.seed, args.only)
         print(f"{args.families} generated plans, plan DAG / static DAG makespan, each mechanism alone")
         print(f"{'mechanism':<64}{'median':>8}{'p95':>7}{'worst':>7}{'<=1.05':>8}{'deadlocks':>10}")
         for name, groups in tried.items():

@@ -99,6 +99,30 @@ def test_each_lane_gets_a_task_started_on_the_triggerer_and_the_dag_serializes_i
 
 
 @needs_feature
+def test_a_pool_whose_lane_is_another_lanes_after_lane_is_refused_naming_it(tmp_path: Any) -> None:
+    log = CallLog(tmp_path)
+    with pytest.raises(ValueError, match="rename the pool") as refused:
+        build(
+            "started_clash",
+            log,
+            execution=STARTED,
+            overrides={"local": {"pool": after_lane(None)}},
+        )
+    assert repr(after_lane(None)) in str(refused.value)
+
+
+def test_where_airflow_starts_no_mapped_instance_on_the_triggerer_the_dag_is_built_as_without(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(airflow_features, "starts_mapped_on_triggerer", lambda: False)
+    with caplog.at_level("WARNING"):
+        dag = build("started_unoffered", CallLog(tmp_path), pooled=False, execution=STARTED)
+    assert sorted(dag.task_ids) == [FINALIZE_TASK, NODES_TASK, PLAN_TASK]
+    assert not dag.get_task(NODES_TASK).start_from_trigger
+    assert "starts no mapped task instance on the triggerer" in caplog.text
+
+
+@needs_feature
 @pytest.mark.airflow
 @pytest.mark.usefixtures("pools")
 def test_a_plan_started_on_the_triggerer_ends_as_without_and_publishes_every_after_brief(
