@@ -42,7 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK
+from airflow_plan_provider.contract import FINALIZE_TASK, LANE_SEPARATOR, NODES_TASK, PLAN_TASK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its harness package
 
@@ -472,11 +472,11 @@ class Run:
         return next((t for t in self.tis if t["task_id"] == task_id), None)
 
     def node_tis(self) -> dict[str, dict[str, Any]]:
-        """node id → its task instance (plan DAG: ``nodes[i]`` labelled ``id · action``; static DAG:
-        ``n<id>``)."""
+        """node id → its task instance (plan DAG: ``nodes[i]``, or a lane's ``nodes__<lane>[i]``,
+        labelled ``id · action``; static DAG: ``n<id>``)."""
         out = {}
         for ti in self.tis:
-            if ti["task_id"] == NODES_TASK:  # the plan DAG's mapped task: one instance per node
+            if ti["task_id"] == NODES_TASK or ti["task_id"].startswith(NODES_TASK + LANE_SEPARATOR):
                 out[(ti.get("rendered_map_index") or "").split(" · ")[0]] = ti
             elif ti["task_id"].startswith("n") and ti["task_id"][1:] in self.tools:
                 out[ti["task_id"][1:]] = ti
@@ -975,13 +975,20 @@ def compare(
     cp, _ = critical_path(plan, seconds)
     out: dict[str, Any] = {"cp": cp * scale}
     for kind, group in runs.items():
-        out[kind] = run_figures(group) | breakdown(bench, median_run(group), plan)
+        out[kind] = run_figures(group)
+        try:
+            out[kind] |= breakdown(bench, median_run(group), plan)
+        except Exception as error:  # the makespans stand without the breakdown
+            log(f"{kind}: no breakdown of the median run: {error!r}")
     return out
 
 
 def print_breakdown(figures: Mapping[str, Any], indent: str = "    ") -> None:
     """The plan and static median runs' breakdown, side by side."""
     plan, static = figures["plan"], figures["static"]
+    if "phases" not in plan or "phases" not in static:
+        print(f"{indent}(no breakdown: see the log)")
+        return
     names = list(dict.fromkeys([*plan["phases"], *static["phases"]]))
     print(f"{indent}{'makespan phases, s':<34}{'plan':>8}{'static':>8}")
     for name in names:

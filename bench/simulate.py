@@ -173,8 +173,10 @@ def run_families(args: argparse.Namespace) -> int:
             }
             write_result(
                 args.json,
-                question="families-mechanisms",
-                title="Hand-off mechanisms tried in the simulator on generated plans",
+                # every mechanism, or the package's beside those chosen with --only (a question apart)
+                question="families-mechanisms-only" if args.only else "families-mechanisms",
+                title=f"Hand-off mechanisms {'chosen' if args.only else 'tried'} in the simulator on"
+                " generated plans",
                 command=command,
                 headline=f"the package's policy: median {package['median']:.3f} x,"
                 f" p95 {package['p95']:.3f} x; "
