@@ -112,7 +112,7 @@ def test_a_deferred_node_comes_back_to_wait_once_its_parents_start_their_tools(
 def test_nodes_with_parents_start_on_the_triggerer_and_come_to_a_slot_near_their_parents(
     cluster: tuple[AirflowCluster, Path],
 ) -> None:
-    """``NodeExecution(start_on_triggerer=True)``, two slots for the run: a (10 s) -> b (3 s) -> c, and
+    """``NodeExecution(start_on_triggerer=True)``, two slots for the run: a (15 s) -> b (3 s) -> c, and
     r -> d <- c. Airflow starts b, c and d on the triggerer (their task ``nodes__after``), where they
     wait holding no slot: each instance's first try resumes from its start trigger. b comes to a slot
     while a runs its tool; every node runs once, after its parents."""

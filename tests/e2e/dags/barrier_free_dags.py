@@ -199,7 +199,7 @@ e2e_started_on_triggerer = build_plan_dag(
     "e2e_started_on_triggerer",
     planner=ScriptedPlanner(STARTED_ON_TRIGGERER),
     tools=scripted_registry(
-        ScriptedTool("long", log=_log, returns="a", sleep=10),
+        ScriptedTool("long", log=_log, returns="a", sleep=15),
         ScriptedTool("middle", log=_log, returns="b", sleep=3),
         ScriptedTool("quick", log=_log, returns="q", sleep=0.2),
     ),
