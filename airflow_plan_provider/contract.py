@@ -262,6 +262,30 @@ class NodeBrief(Model):
         session = self.run.root_run_id or run_id
         return {p.id: node_key(scope, session, self.plan.node(p.id)) for p in self.parents}
 
+    def instances(self, node_ids: Iterable[str], prefix: str = "") -> dict[str, list[int]]:
+        """Task id (with a group's ``prefix``) → the map indexes of the instances of ``node_ids``, each
+        one of the node, its parents and its grandparents."""
+        found: dict[str, list[int]] = {}
+        for node in node_ids:
+            task, index = self.location(node)
+            found.setdefault(prefix + task, []).append(index)
+        return found
+
+    def instance_key(self, node_id: str, prefix: str = "") -> str:
+        """The key of ``node_id``'s instance in a read of task states (Airflow's ``<task id>_<map
+        index>``, the task id with a group's ``prefix``)."""
+        task, index = self.location(node_id)
+        return f"{prefix}{task}_{index}"
+
+    def grandparent_keys(self, prefix: str = "") -> dict[str, list[str]]:
+        """Each parent's instance key → its own parents' instance keys (:meth:`instance_key`)."""
+        return {
+            self.instance_key(p.id, prefix): [
+                self.instance_key(g, prefix) for g in self.grandparents.get(p.id, [])
+            ]
+            for p in self.parents
+        }
+
     def location(self, node_id: str) -> tuple[str, int]:
         """The task id (without a group's prefix) and map index of the instance of ``node_id``, one of
         the node, its parents and its grandparents."""

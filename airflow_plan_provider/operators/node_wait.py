@@ -100,15 +100,11 @@ class SlotWait:
         one by one does not read again: at first those its trigger saw finished when it came back."""
         if not self.came_back:
             return {}
-        return {key: "success" for keys in self._grandparent_keys().values() for key in keys}
+        return {key: "success" for keys in self.brief.grandparent_keys(self.prefix).values() for key in keys}
 
     def _where(self, node_ids: Iterable[str]) -> dict[str, list[int]]:
         """Task id (with the group's prefix) -> the map indexes of ``node_ids``' instances."""
-        found: dict[str, list[int]] = {}
-        for node in node_ids:
-            task, index = self.brief.location(node)
-            found.setdefault(self.prefix + task, []).append(index)
-        return found
+        return self.brief.instances(node_ids, self.prefix)
 
     @cached_property
     def _layout(self) -> tuple[ValidatedPlan, dict[str, list[str]]]:
@@ -147,17 +143,6 @@ class SlotWait:
             free_deferral=self.free_deferral,
             came_back=self.came_back,
         )
-
-    def _grandparent_keys(self) -> dict[str, list[str]]:
-        """Each parent's instance → its own parents' instances (``<task id>_<map index>``), from the
-        brief."""
-        brief, keyed = self.brief, {}
-        for parent in self.parent_ids:
-            task, index = brief.location(parent)
-            keyed[f"{self.prefix}{task}_{index}"] = [
-                "{}{}_{}".format(self.prefix, *brief.location(g)) for g in brief.grandparents.get(parent, [])
-            ]
-        return keyed
 
     def wait(self) -> Move:
         """Wait until the policy says READY (the parents finished, or their checkpoints were all picked

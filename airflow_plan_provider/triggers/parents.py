@@ -225,27 +225,18 @@ def trigger_of_brief(
     ids with the group's ``prefix``), their checkpoints' keys (``checkpoint_keys``: parent → key), and
     unless the node ``came_back`` in this try, their own parents' instances (see
     :class:`ParentsFinishedTrigger` for the rest)."""
-
-    def instance(node: str) -> str:
-        task, index = brief.location(node)
-        return f"{prefix}{task}_{index}"
-
     parent_ids = [parent.id for parent in brief.parents]
-    parents: dict[str, list[int]] = {}
-    for parent in parent_ids:
-        task, index = brief.location(parent)
-        parents.setdefault(prefix + task, []).append(index)
     return ParentsFinishedTrigger(
         dag_id=dag_id,
         run_id=run_id,
-        parents=parents,
+        parents=brief.instances(parent_ids, prefix),
         poll_interval=poll_interval,
-        checkpoints={instance(p): checkpoint_keys[p] for p in parent_ids if p in checkpoint_keys},
+        checkpoints={
+            brief.instance_key(p, prefix): checkpoint_keys[p] for p in parent_ids if p in checkpoint_keys
+        },
         artifact_store=artifact_store,
         free_deferral=free_deferral,
-        grandparents=None
-        if came_back
-        else {instance(p): [instance(g) for g in brief.grandparents.get(p, [])] for p in parent_ids},
+        grandparents=None if came_back else brief.grandparent_keys(prefix),
         seen_far=seen_far,
     )
 
