@@ -471,9 +471,9 @@ class PlanNodeOperator(BaseOperator):
     ) -> None:
         """Resumed by :class:`ParentsFinishedTrigger` (parents finished, or one needs a slot again), or
         by :class:`~airflow_plan_provider.triggers.start.NodeStartTrigger` for a node Airflow started on
-        the triggerer (``started_on_triggerer``): look at the parents again (``execute`` sends the label
-        when it must). An event the trigger cannot have sent fails the node, naming the fault (a final
-        state: its message carries the label)."""
+        the triggerer (``started_on_triggerer``, whose log line says why it came to a slot): look at the
+        parents again (``execute`` sends the label when it must). An event the trigger cannot have sent
+        fails the node, naming the fault (a final state: its message carries the label)."""
         try:
             from airflow_plan_provider.triggers.payloads import validate_parents_event
 
@@ -485,10 +485,7 @@ class PlanNodeOperator(BaseOperator):
         # the trigger let the node go to wait near its parents, once a try: its next deferral waits to the end
         self._came_back = event is not None and event.get("status") == "wait"
         if started_on_triggerer:
-            self.log.info(
-                "started on the triggerer; its parents %s",
-                "run their tools" if self._came_back else "finished or saved their results",
-            )
+            self.log.info("started on the triggerer; %s", _started_because(event))
         self.execute(context)
 
     def _defer_to_job(self, run: NodeRun, job: JobWait) -> NoReturn:
@@ -567,3 +564,13 @@ def _hostname(ti: Any) -> str:
     from airflow_plan_provider.airflow_features import sdk_conf
 
     return str(sdk_conf().getimport("core", "hostname_callable", fallback=socket.getfqdn)())
+
+
+def _started_because(event: Mapping[str, Any] | None) -> str:
+    """Why a node started on the triggerer came to a slot, from its start trigger's (checked) event."""
+    assert event is not None  # validate_parents_event refused a missing one
+    if event.get("status") == "wait":
+        return "its parents run their tools"
+    if event.get("parents_read") is False:
+        return "its trigger did not read its parents (its log says why); it reads them here"
+    return "its parents finished or saved their results"

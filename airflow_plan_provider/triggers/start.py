@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 
 class NodeStartTrigger(BaseTrigger):
     """Read the brief of the node instance this trigger runs for, then wait for its parents
-    (:class:`~.parents.ParentsFinishedTrigger`, its events passed on). Fires ``{"status": "ready"}`` at
-    once when it has no task instance (run outside a triggerer), when the brief cannot be read, or when
-    the node has no parent: the node then starts in its slot and reads its brief itself, which names any
-    fault.
+    (:class:`~.parents.ParentsFinishedTrigger`, its events passed on). Fires ``{"status": "ready",
+    "parents_read": False}`` at once when it has no task instance (run outside a triggerer), when the
+    brief cannot be read, or when the node has no parent: the node then starts in its slot and reads its
+    brief itself, which names any fault.
 
     :param poll_interval: seconds between two reads of the parents' states.
     :param checkpoints: whether the DAG keeps checkpoints (the trigger then also looks for the parents'
@@ -68,7 +68,8 @@ class NodeStartTrigger(BaseTrigger):
         ti = self.task_instance
         brief = await self._brief(ti) if ti is not None else None
         if brief is None or not brief.parents:
-            yield TriggerEvent({"status": Wait.READY.value})
+            # the node reads its parents in its slot: say so, so its log does not claim they finished
+            yield TriggerEvent({"status": Wait.READY.value, "parents_read": False})
             return
         waiting = self.waiting(ti, brief)
         waiting.task_instance = ti

@@ -27,6 +27,7 @@ from airflow_plan_provider.contract import (
     node_tasks,
     select_task_id,
 )
+from airflow_plan_provider.operators.node import _started_because
 from airflow_plan_provider.plan.session import RunContext
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog
@@ -219,7 +220,12 @@ def test_a_start_trigger_that_cannot_read_its_brief_lets_the_node_start_in_its_s
         async for event in trigger.run():
             return event.payload
 
-    assert asyncio.run(first()) == {"status": "ready"}
+    event = asyncio.run(first())
+    assert event == {"status": "ready", "parents_read": False}
+    # the node's log then says its parents are read in the slot, not that they finished
+    assert "did not read its parents" in _started_because(event)
+    assert _started_because({"status": "ready"}) == "its parents finished or saved their results"
+    assert _started_because({"status": "wait"}) == "its parents run their tools"
 
 
 def _parents_of(node: str, plan: Any, where: dict[str, str]) -> dict[str, list[int]]:
