@@ -81,11 +81,15 @@ test-supported-airflow: supported-airflow-venvs
 		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
 	$(MAKE) test-inprocess AIRFLOW_VERSION=$(NEWEST_AIRFLOW_VERSION) INPROCESS_TESTS="$(NEWEST_AIRFLOW_TESTS)"
 
-# the supported releases' virtual environments alone (CI builds them after the main suite, beside the slow
-# tier)
-supported-airflow-venvs:
-	set -e; for version in $(OLDER_AIRFLOW_VERSIONS) $(NEWEST_AIRFLOW_VERSION); do \
-		$(MAKE) .venv-$$version/.installed AIRFLOW_VERSION=$$version; done
+# the supported releases' virtual environments alone, one target each so that `make -j` builds them side by
+# side (CI builds them with the main one and lint, before the main suite)
+SUPPORTED_AIRFLOW_VENVS := $(foreach version,$(OLDER_AIRFLOW_VERSIONS) $(NEWEST_AIRFLOW_VERSION),.venv-$(version)/.installed)
+supported-airflow-venvs: $(SUPPORTED_AIRFLOW_VENVS)
+
+ifeq ($(AIRFLOW_VERSION),)
+.venv-%/.installed: pyproject.toml
+	$(MAKE) $@ AIRFLOW_VERSION=$*
+endif
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_plan_provider harness tests dags bench scripts
