@@ -5,7 +5,9 @@ Leave one plan out: for each bench plan (:func:`~.plans.bench_plans`), the costs
 :data:`STARTS`) to the measured figures of the other plans, and the held-out plan's figures (plan DAG,
 and static DAG where measured) are predicted. Generated plans measured on a real Airflow (``bench/plan_dags.py
 --family ... --json FILE``: plan DAG and static DAG side by side) are predicted too, with
-:data:`~.model.CALIBRATED` (fitted to every bench figure, none of them generated). Reported per plan:
+:data:`~.model.CALIBRATED` (fitted to every bench figure, none of them generated); where the run also
+measured the plan DAG started on the triggerer (``--start-on-triggerer``), that DAG is predicted with the
+simulator's model of it (:data:`~.families.STARTED_AS_BUILT`) in a row of its own. Reported per plan:
 the makespan error (simulated / measured - 1), plan DAG and static DAG, and the error of the
 plan/static ratio (simulated ratio - measured ratio). Targets (issue 42): makespan within 5 %, ratio
 within 0.03.
@@ -23,6 +25,7 @@ from airflow_plan_provider.plan.waiting import WaitingPolicy
 from bench.plan_families import generate
 from bench.simulator.calibrate import RANGES, calibrate, figures
 from bench.simulator.engine import simulate
+from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
 from bench.simulator.model import CALIBRATED, Costs
 from bench.simulator.plans import bench_plans
 
@@ -77,11 +80,16 @@ def bench_errors() -> list[dict[str, Any]]:
     return out
 
 
-def measured_families(paths: Iterable[Path]) -> list[tuple[str, str, float, float]]:
-    """(database, generated plan's name, plan DAG makespan, static DAG makespan) of each generated plan
-    in ``plan_dags.py --json`` files, or in the ``bench/results/`` records ``--record`` wrote from them
-    (figures ``<family>_s<seed>_n<size>_c<cap>_<database>_plan_s`` and ``..._static_s``)."""
-    out = []
+#: a generated plan measured: (database, plan's name, plan DAG makespan, static DAG makespan, makespan of
+#: the plan DAG started on the triggerer or None where not measured)
+Measured = tuple[str, str, float, float, float | None]
+
+
+def measured_families(paths: Iterable[Path]) -> list[Measured]:
+    """Each generated plan (:data:`Measured`) in ``plan_dags.py --json`` files, or in the ``bench/results/``
+    records ``--record`` wrote from them (figures ``<family>_s<seed>_n<size>_c<cap>_<database>_plan_s``,
+    ``..._static_s`` and ``..._started_s``)."""
+    out: list[Measured] = []
     for path in paths:
         saved = json.loads(path.read_text())
         if "figures" in saved:
@@ -91,37 +99,54 @@ def measured_families(paths: Iterable[Path]) -> list[tuple[str, str, float, floa
             if "error" in by_plan:
                 continue
             for name, f in by_plan.items():
-                out.append((database, name, f["plan"]["makespan"], f["static"]["makespan"]))
+                started = f["started"]["makespan"] if "started" in f else None
+                out.append((database, name, f["plan"]["makespan"], f["static"]["makespan"], started))
     return out
 
 
-def _recorded_families(figures: dict[str, Any]) -> list[tuple[str, str, float, float]]:
+def _recorded_families(figures: dict[str, Any]) -> list[Measured]:
     """The plans of a ``bench/results/`` record of generated plans (see :func:`measured_families`)."""
-    out = []
+    out: list[Measured] = []
     for key, plan in figures.items():
         if not key.endswith("_plan_s"):
             continue
         stem = key.removesuffix("_plan_s")
         name, _, database = stem.rpartition("_")
         static = figures.get(f"{stem}_static_s")
+        started = figures.get(f"{stem}_started_s")
         if static is not None:
-            out.append((database, name.replace("_", "-"), float(plan), float(static)))
+            out.append(
+                (
+                    database,
+                    name.replace("_", "-"),
+                    float(plan),
+                    float(static),
+                    None if started is None else float(started),
+                )
+            )
     return out
 
 
-def family_errors(costs: Costs, measured: Iterable[tuple[str, str, float, float]]) -> list[dict[str, Any]]:
-    """Each measured generated plan's errors under ``costs`` (its name gives family, seed, size, cap)."""
+def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, Any]]:
+    """Each measured generated plan's errors under ``costs`` (its name gives family, seed, size, cap); a
+    plan measured started on the triggerer too gets a second row, ``(<database>, started)``."""
     out = []
     policy = WaitingPolicy()
-    for database, name, plan_real, static_real in measured:
+    started_options = MECHANISMS[STARTED_AS_BUILT][2]
+    for database, name, plan_real, static_real, started_real in measured:
         family, seed, size, cap = name.split("-")
         generated = generate(family, int(seed[1:]), int(size[1:]), int(cap[1:]))
         sim_plan, caps = generated.sim_plan(), generated.caps()
-        sim = (
-            simulate(sim_plan, policy, caps, costs).makespan,
-            simulate(sim_plan, policy, caps, costs, static=True).makespan,
-        )
-        out.append(error_row(f"{name} ({database})", sim, (plan_real, static_real)))
+        static_sim = simulate(sim_plan, policy, caps, costs, static=True).makespan
+        plan_sim = simulate(sim_plan, policy, caps, costs).makespan
+        out.append(error_row(f"{name} ({database})", (plan_sim, static_sim), (plan_real, static_real)))
+        if started_real is not None:
+            started_sim = simulate(sim_plan, policy, caps, costs, **started_options).makespan
+            out.append(
+                error_row(
+                    f"{name} ({database}, started)", (started_sim, static_sim), (started_real, static_real)
+                )
+            )
     return out
 
 

@@ -48,7 +48,8 @@ def test_a_sample_covers_every_family_and_cap() -> None:
 
 def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_from(tmp_path: Path) -> None:
     """``simulate.py --heldout --measured`` takes a ``plan_dags.py --json`` file or the ``bench/results/``
-    record written from it: the same plans, databases and makespans."""
+    record written from it: the same plans, databases and makespans (with the plan DAG started on the
+    triggerer where the run measured it)."""
     import json
 
     from bench.simulator.heldout import measured_families
@@ -56,7 +57,14 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
     run = {
         "results": {
             "families": {
-                "sqlite": {"mixed-s2-n100-c16": {"plan": {"makespan": 89.0}, "static": {"makespan": 84.9}}}
+                "sqlite": {
+                    "mixed-s2-n100-c16": {"plan": {"makespan": 89.0}, "static": {"makespan": 84.9}},
+                    "fan-s1-n80-c8": {
+                        "plan": {"makespan": 70.0},
+                        "static": {"makespan": 72.0},
+                        "started": {"makespan": 71.5},
+                    },
+                }
             }
         }
     }
@@ -65,11 +73,18 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
             "mixed_s2_n100_c16_sqlite_plan_s": 89.0,
             "mixed_s2_n100_c16_sqlite_static_s": 84.9,
             "mixed_s2_n100_c16_sqlite_ratio": 1.048,
+            "fan_s1_n80_c8_sqlite_plan_s": 70.0,
+            "fan_s1_n80_c8_sqlite_static_s": 72.0,
+            "fan_s1_n80_c8_sqlite_started_s": 71.5,
+            "fan_s1_n80_c8_sqlite_started_ratio": 0.993,
         }
     }
     (tmp_path / "run.json").write_text(json.dumps(run))
     (tmp_path / "record.json").write_text(json.dumps(record))
-    expected = [("sqlite", "mixed-s2-n100-c16", 89.0, 84.9)]
+    expected = [
+        ("sqlite", "mixed-s2-n100-c16", 89.0, 84.9, None),
+        ("sqlite", "fan-s1-n80-c8", 70.0, 72.0, 71.5),
+    ]
     assert (
         measured_families([tmp_path / "run.json"])
         == measured_families([tmp_path / "record.json"])
