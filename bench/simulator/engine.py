@@ -247,7 +247,9 @@ class Simulation:
         # None: each node starts in a slot
         self.starts_deferred = starts_deferred
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
-        # ("far": only when its parents wait on their own parents; "all": always); None: the policy alone
+        # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
+        # can see in one count of its run's instances (Airflow's task instance count by state), it defers
+        # when another instance of its run waits for a slot, ready or not; None: the policy alone
         self.yields_to_ready = yields_to_ready
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
@@ -674,9 +676,11 @@ class Simulation:
         )
         move = self.policy.next_move(view)
         yields = self.yields_to_ready
-        if move.kind is Wait.WAIT and yields and (yields == "all" or not move.near):
-            ready = any(
-                t.state == "scheduled" and all(tis[p].state in FINISHED for p in plan.parents[t.node])
+        kind, _, after = (yields or "").partition(":")  # "scheduled:N": once it waited N s in its slot
+        if move.kind is Wait.WAIT and yields and (kind != "far" or not move.near):
+            ready = (not after or now - ti.began >= float(after)) and any(
+                t.state == "scheduled"
+                and (kind == "scheduled" or all(tis[p].state in FINISHED for p in plan.parents[t.node]))
                 for t in tis.values()
             )
             if ready:

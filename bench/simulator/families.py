@@ -312,6 +312,18 @@ MECHANISMS["nodes with parents start on the triggerer, take a slot near, by desc
 #: predicts the plan DAG started on the triggerer with (bench/plan_dags.py --start-on-triggerer)
 STARTED_AS_BUILT = "start_on_triggerer: near, descendant places from cap 4"
 MECHANISMS[STARTED_AS_BUILT] = _engine(starts_deferred="near", node_weights="descendant places from cap 4")
+MECHANISMS["start_on_triggerer as built, oracle: waiters yield to a ready node without a slot"] = _engine(
+    starts_deferred="near", node_weights="descendant places from cap 4", yields_to_ready="all"
+)
+for _after in ("", ":1", ":2", ":5", ":10"):
+    MECHANISMS[
+        "start_on_triggerer as built, waiters yield to any instance of their run without a slot"
+        + (f" once they waited {_after[1:]} s" if _after else "")
+    ] = _engine(
+        starts_deferred="near",
+        node_weights="descendant places from cap 4",
+        yields_to_ready="scheduled" + _after,
+    )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]
