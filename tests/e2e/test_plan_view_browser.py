@@ -7,9 +7,10 @@ asks for a replan; revision 1 revises node 5) is run once, and so is a run of th
 session runs; the others read the finished session's view as a user sees it and compare it with what
 the REST API says. Beside them: the frozen ``daily_payment_report`` triggered through the REST API
 without a logical date, a node seen waiting for its named parents and then running
-(``tests/e2e/dags/phase_dags.py``), the trigger form's tool list on a 1600 px wide page, and the report
-opened from the plan view. No page shows "null", "undefined" or a raw translation key. Screenshots go to
-``tests/e2e/output/plan_view/`` (``$PLAN_E2E_OUTPUT/plan_view/`` when set).
+(``tests/e2e/dags/phase_dags.py``; also where it starts on the triggerer), the trigger form's tool list
+on a 1600 px wide page, and the report opened from the plan view. No page shows "null", "undefined" or
+a raw translation key. Screenshots go to ``tests/e2e/output/plan_view/`` (``$PLAN_E2E_OUTPUT/plan_view/``
+when set).
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, NODES_TASK, PLAN_TASK, REPLAN_TASK
+from airflow_plan_provider.contract import (
+    APPROVE_TASK,
+    NODE_KEY,
+    NODES_TASK,
+    PLAN_TASK,
+    REPLAN_TASK,
+    after_lane,
+    lane_task_id,
+    select_task_id,
+)
 from harness.cluster import AirflowCluster
 from tests.e2e.conftest import E2E_DAGS, EXAMPLE_FILES, demo_env, plan_cluster
 
@@ -42,6 +52,7 @@ DAG = "plan_and_execute"
 PUBLISH = "plan_and_publish"  # the approval example: rejected here
 DAILY = "daily_payment_report"  # the frozen example: triggered without a logical date
 PHASES = "e2e_phases"  # node 3 waits for its slow parent 1, then runs its own tool
+PHASES_STARTED = "e2e_phases_started"  # the same plan, node 3 started on the triggerer
 GOAL = "find why the payment API got slow yesterday and write a report"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -141,12 +152,13 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         dags / "daily_payment_report.py",
         E2E_DAGS / "phase_dags.py",
     )
-    with plan_cluster(base, files, [DAG, PUBLISH, DAILY, PHASES], env=env, unpause=False) as cluster:
+    dag_ids = [DAG, PUBLISH, DAILY, PHASES, PHASES_STARTED]
+    with plan_cluster(base, files, dag_ids, env=env, unpause=False) as cluster:
         # the session waits, queued, until the first test has its page open (it unpauses the DAG); its
         # nodes then run one at a time, held until the page has drawn the plan
         # (hold_nodes_after_planning), so their states change across several of the page's refreshes.
         # The other DAGs wait, paused, for their tests: nothing else takes the pool's one slot meanwhile
-        for dag_id in (DAG, DAILY, PHASES):
+        for dag_id in (DAG, DAILY, PHASES, PHASES_STARTED):
             cluster.pause(dag_id)
         cluster.unpause(PUBLISH)
         pool_slots = set_default_pool_slots(cluster, 1)
@@ -748,17 +760,22 @@ def test_a_frozen_run_triggered_without_a_logical_date_completes(session: Sessio
     shot(browser, "16_frozen_dag_docs")
 
 
-def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(session: Session, browser: Any) -> None:
+@pytest.mark.parametrize("dag_id", [PHASES, PHASES_STARTED])
+def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(
+    session: Session, browser: Any, dag_id: str
+) -> None:
     """Node 3 of ``e2e_phases`` waits for its slow parent 1 (Airflow says "running" or "deferred"): the view
-    draws it waiting and names the parent, then running once its own tool runs."""
+    draws it waiting and names the parent, then running once its own tool runs. In ``e2e_phases_started``
+    node 3 starts on the triggerer, in a task of its own, and is drawn the same."""
     session.finished()
     cluster = session.cluster
-    run_id = cluster.trigger(PHASES)
-    cluster.unpause(PHASES)
-    browser.get(session.url(f"/plan-view/dags/{PHASES}/runs/{quoted(run_id)}"))
+    run_id = cluster.trigger(dag_id)
+    cluster.unpause(dag_id)
+    browser.get(session.url(f"/plan-view/dags/{dag_id}/runs/{quoted(run_id)}"))
     wait_loaded(browser, RUN_TIMEOUT)  # once planned
     seen: list[tuple[str, str, str]] = []  # node 3's (phase, parents named, Airflow's state), as drawn
     deadline = time.monotonic() + RUN_TIMEOUT
+    picture = "17_node_3" if dag_id == PHASES else "18_started_node_3"
     while browser.execute_script("return document.body.dataset.finished;") != "true":
         drawn = browser.execute_script(
             "const g = document.querySelector(\"svg#plan-graph g.node[data-node-id='3']\");"
@@ -770,10 +787,10 @@ def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(session: S
             if drawn[0] in ("waiting", "running") and [s[0] for s in seen].count(drawn[0]) == 1:
                 if drawn[0] == "waiting":
                     assert drawn[3].startswith("waiting for 1"), drawn
-                shot(browser, f"17_node_3_{drawn[0]}")
+                shot(browser, f"{picture}_{drawn[0]}")
         assert time.monotonic() < deadline, seen
         time.sleep(0.5)
-    assert cluster.wait_for_run(PHASES, run_id, timeout=RUN_TIMEOUT) == "success"
+    assert cluster.wait_for_run(dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
     phases = [phase for phase, _parents, _state in seen]
     assert "waiting" in phases and "running" in phases, seen
     assert phases.index("waiting") < phases.index("running"), seen
@@ -785,6 +802,20 @@ def test_a_waiting_node_is_drawn_waiting_for_its_parents_then_running(session: S
     )
     legend = browser.find_element("css selector", "#legend [data-phase='waiting']").text
     assert legend.startswith("waiting: for the parents it names to finish"), legend
+    if dag_id == PHASES_STARTED:
+        # the view finds it in the task its lane's nodes with parents run in (the roots' task is another);
+        # its parents run their tools from the first, so it comes to a slot at once to wait near them
+        after = lane_task_id(after_lane(None))
+        assert details(browser, "3")["Task"] == f"{after}[0]"
+        assert details(browser, "1")["Task"] == f"{NODES_TASK}[0]"
+        # Airflow's own run page lists the task and the select task it maps over, as words
+        from selenium.webdriver.common.by import By
+
+        browser.get(session.url(f"/dags/{dag_id}/runs/{quoted(run_id)}"))
+        wait(browser, lambda d: after in d.find_element(By.TAG_NAME, "body").text)
+        assert select_task_id(after) in browser.find_element(By.TAG_NAME, "body").text
+        assert_clean(browser, "the run page of a plan started on the triggerer")
+        shot(browser, "19_started_run_page")
 
 
 def test_the_report_opens_from_the_plan_view_and_names_its_dag_and_run(

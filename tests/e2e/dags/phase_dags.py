@@ -1,11 +1,14 @@
-"""A plan DAG for tests/e2e/test_plan_view_browser.py: a node that waits for a slow parent long enough
-to be seen waiting (in its slot, or deferred), then runs its own tool long enough to be seen running."""
+"""Plan DAGs for tests/e2e/test_plan_view_browser.py: a node that waits for a slow parent long enough
+to be seen waiting (in its slot, or deferred), then runs its own tool long enough to be seen running;
+``e2e_phases_started`` is the same plan with its nodes that have parents started on the triggerer."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from airflow.sdk import DAG
 
 from airflow_plan_provider import NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
@@ -19,19 +22,28 @@ WAITING = {
     ],
 }
 
-_log = CallLog(
-    Path(os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls"))
-    / "e2e_phases"
-)
-e2e_phases = build_plan_dag(
-    "e2e_phases",
-    planner=ScriptedPlanner(WAITING),
-    tools=scripted_registry(
-        ScriptedTool("slow", log=_log, returns="slow", sleep=15),
-        ScriptedTool("quick", log=_log, returns="quick", sleep=1),
-        ScriptedTool("steady", log=_log, returns="joined", sleep=10),
-    ),
-    execution=NodeExecution(max_active_nodes=3, retries=0),
-    replan=False,
-    description="Test DAG: a node waits for a slow parent, then runs its own tool",
+
+def _phases_dag(dag_id: str, execution: NodeExecution) -> DAG:
+    log = CallLog(
+        Path(os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls"))
+        / dag_id
+    )
+    return build_plan_dag(
+        dag_id,
+        planner=ScriptedPlanner(WAITING),
+        tools=scripted_registry(
+            ScriptedTool("slow", log=log, returns="slow", sleep=15),
+            ScriptedTool("quick", log=log, returns="quick", sleep=1),
+            ScriptedTool("steady", log=log, returns="joined", sleep=10),
+        ),
+        execution=execution,
+        replan=False,
+        description="Test DAG: a node waits for a slow parent, then runs its own tool",
+    )
+
+
+e2e_phases = _phases_dag("e2e_phases", NodeExecution(max_active_nodes=3, retries=0))
+e2e_phases_started = _phases_dag(
+    "e2e_phases_started",
+    NodeExecution(max_active_nodes=None, retries=0, pools_count_deferred=False, start_on_triggerer=True),
 )
