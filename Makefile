@@ -49,7 +49,8 @@ PORT ?= 8080
 # pytest-xdist workers for `make test` (tests/conftest.py says how modules are shared out)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow lint bench airflow test-inprocess test-supported-airflow supported-airflow-venvs
+.PHONY: demo test test-slow lint bench airflow test-inprocess test-supported-airflow supported-airflow-venvs \
+	supported-airflow-versions
 
 $(VENV)/.installed: pyproject.toml $(AIRFLOW_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -77,13 +78,22 @@ test-inprocess: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10 $(INPROCESS_TESTS)
 
 test-supported-airflow: supported-airflow-venvs
-	set -e; for version in $(OLDER_AIRFLOW_VERSIONS); do \
-		$(MAKE) test-inprocess AIRFLOW_VERSION=$$version INPROCESS_TESTS="$(OLDER_AIRFLOW_TESTS)"; done
-	$(MAKE) test-inprocess AIRFLOW_VERSION=$(NEWEST_AIRFLOW_VERSION) INPROCESS_TESTS="$(NEWEST_AIRFLOW_TESTS)"
+	set -e; for version in $(SUPPORTED_AIRFLOW_VERSIONS); do $(MAKE) test-airflow-$$version; done
+
+# one supported release's tests (`make test-airflow-3.2.2`): NEWEST_AIRFLOW_TESTS on the newest release
+# line, OLDER_AIRFLOW_TESTS on an older release
+test-airflow-%: .venv-%/.installed
+	$(MAKE) test-inprocess AIRFLOW_VERSION=$* \
+		INPROCESS_TESTS="$(if $(filter $*,$(NEWEST_AIRFLOW_VERSION)),$(NEWEST_AIRFLOW_TESTS),$(OLDER_AIRFLOW_TESTS))"
+
+# the supported releases CI tests besides the main one, oldest first
+supported-airflow-versions:
+	@echo $(SUPPORTED_AIRFLOW_VERSIONS)
 
 # the supported releases' virtual environments alone, one target each so that `make -j` builds them side by
 # side (CI builds them with the main one and lint, before the main suite)
-SUPPORTED_AIRFLOW_VENVS := $(foreach version,$(OLDER_AIRFLOW_VERSIONS) $(NEWEST_AIRFLOW_VERSION),.venv-$(version)/.installed)
+SUPPORTED_AIRFLOW_VERSIONS := $(OLDER_AIRFLOW_VERSIONS) $(NEWEST_AIRFLOW_VERSION)
+SUPPORTED_AIRFLOW_VENVS := $(foreach version,$(SUPPORTED_AIRFLOW_VERSIONS),.venv-$(version)/.installed)
 supported-airflow-venvs: $(SUPPORTED_AIRFLOW_VENVS)
 
 ifeq ($(AIRFLOW_VERSION),)
