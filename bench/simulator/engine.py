@@ -239,6 +239,7 @@ class Simulation:
         node_weights: str | None = "position",
         comes_back: bool = True,
         yields_to_ready: str | None = None,
+        yields_after: float = 0.0,
         starts_deferred: str | None = None,
     ) -> None:
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
@@ -249,8 +250,9 @@ class Simulation:
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
         # can see in one count of its run's instances (Airflow's task instance count by state), it defers
-        # when another instance of its run waits for a slot, ready or not; None: the policy alone
-        self.yields_to_ready = yields_to_ready
+        # when another instance of its run waits for a slot, ready or not; None: the policy alone. It
+        # yields only once it waited ``yields_after`` seconds in its slot
+        self.yields_to_ready, self.yields_after = yields_to_ready, yields_after
         self.policy, self.caps, self.costs, self.static, self.checkpoints = (
             policy,
             caps,
@@ -676,11 +678,10 @@ class Simulation:
         )
         move = self.policy.next_move(view)
         yields = self.yields_to_ready
-        kind, _, after = (yields or "").partition(":")  # "scheduled:N": once it waited N s in its slot
-        if move.kind is Wait.WAIT and yields and (kind != "far" or not move.near):
-            ready = (not after or now - ti.began >= float(after)) and any(
+        if move.kind is Wait.WAIT and yields and (yields != "far" or not move.near):
+            ready = now - ti.began >= self.yields_after and any(
                 t.state == "scheduled"
-                and (kind == "scheduled" or all(tis[p].state in FINISHED for p in plan.parents[t.node]))
+                and (yields == "scheduled" or all(tis[p].state in FINISHED for p in plan.parents[t.node]))
                 for t in tis.values()
             )
             if ready:

@@ -315,14 +315,15 @@ MECHANISMS[STARTED_AS_BUILT] = _engine(starts_deferred="near", node_weights="des
 MECHANISMS["start_on_triggerer as built, oracle: waiters yield to a ready node without a slot"] = _engine(
     starts_deferred="near", node_weights="descendant places from cap 4", yields_to_ready="all"
 )
-for _after in ("", ":1", ":2", ":5", ":10"):
+for _after in (0, 1, 2, 5, 10):
     MECHANISMS[
         "start_on_triggerer as built, waiters yield to any instance of their run without a slot"
-        + (f" once they waited {_after[1:]} s" if _after else "")
+        + (f" once they waited {_after} s" if _after else "")
     ] = _engine(
         starts_deferred="near",
         node_weights="descendant places from cap 4",
-        yields_to_ready="scheduled" + _after,
+        yields_to_ready="scheduled",
+        yields_after=float(_after),
     )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
