@@ -3,7 +3,10 @@
 ``--chains`` independent chains of two nodes: a parent whose tool sleeps ``--parent`` seconds and a
 child sleeping ``--child`` seconds. The plan DAG's nodes wait at most ``--slot-wait`` seconds in their
 slots (shorter than the parent's tool), so every child defers and waits for its parent on the
-triggerer; the static DAG has the same tasks and edges (its child is scheduled once its parent ended).
+triggerer; the static DAG has the same tasks and edges (its child is scheduled once its parent ended);
+the mapped-group DAG has one parent task and one child task in a task group mapped over the chains,
+where Airflow schedules child instance i once parent instance i ended (a mapped task group's
+per-index dependencies: the one way a mapped task's instances depend on another's one by one).
 Measured per edge: the parent's tool end → the child's tool start (from the call log). After an
 unmeasured run of each DAG, ``--repeat`` rounds of (plan run, static run); medians and quartiles of
 all edges printed side by side, with how many children of the plan DAG deferred (their logs).
@@ -18,14 +21,26 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _planbench import DATABASES, Bench, Run, load_note, log, plan_dag_source, static_dag_source, work_plan
+from _planbench import (
+    CALL_LOG_WRITER,
+    DATABASES,
+    Bench,
+    Run,
+    load_note,
+    log,
+    plan_dag_source,
+    static_dag_source,
+    work_plan,
+)
 
 PLAN_DAG, STATIC_DAG = "bench_deferred_plan", "bench_deferred_static"
+GROUP_DAG = "bench_deferred_mapped_group"
 DEFERRED = "waiting on the triggerer"  # what a node logs when it defers for its parents
 
 
@@ -38,6 +53,51 @@ def chains(count: int) -> dict:
         ]
         edges.append({"from": f"p{i}", "to": f"c{i}"})
     return {"goal": "deferred hand-offs", "nodes": nodes, "edges": edges}
+
+
+def mapped_group_dag_source(dag_id: str, calls: Path, count: int, parent: float, child: float, cap: int) -> str:
+    """The chains as one task group mapped over them: ``parent`` → ``child`` inside it, so each child
+    instance waits for its own parent instance only. Each task logs its sleep to the bench's call log
+    as ``p<i>`` / ``c<i>``."""
+    return (
+        textwrap.dedent(
+            f'''
+            """Bench: {count} parent → child chains as one mapped task group."""
+            from airflow.sdk import DAG, task, task_group
+            '''
+        )
+        + CALL_LOG_WRITER.format(calls=str(calls))
+        + textwrap.dedent(
+            f"""
+
+            def _work(node, seconds, context):
+                key = f"{{context['dag'].dag_id}}/{{context['run_id']}}/{{node}}"
+                _log(node, key, "start")
+                _time.sleep(seconds)
+                _log(node, key, "end")
+
+
+            @task
+            def parent(i, **context):
+                _work(f"p{{i}}", {parent!r}, context)
+                return i
+
+
+            @task
+            def child(i, **context):
+                _work(f"c{{i}}", {child!r}, context)
+
+
+            @task_group
+            def chain(i):
+                parent(i) >> child(i)
+
+
+            with DAG({dag_id!r}, schedule=None, catchup=False, max_active_tasks={cap!r}) as dag:
+                chain.expand(i=list(range({count!r})))
+            """
+        )
+    )
 
 
 def handoffs(run: Run, count: int) -> list[float]:
@@ -78,22 +138,28 @@ def main() -> int:
     cap = 2 * args.chains
     bench.write_dag(PLAN_DAG, plan_dag_source(PLAN_DAG, bench.calls_folder, cap, slot_wait=args.slot_wait))
     bench.write_dag(STATIC_DAG, static_dag_source(STATIC_DAG, plan, seconds, bench.calls, cap))
+    bench.write_dag(
+        GROUP_DAG, mapped_group_dag_source(GROUP_DAG, bench.calls, args.chains, args.parent, args.child, cap)
+    )
     load_before = load_note()
-    measured: dict[str, list[float]] = {"plan": [], "static": []}
+    measured: dict[str, list[float]] = {"plan": [], "static": [], "group": []}
     deferred = 0
     try:
-        bench.start(parallelism=cap, dag_ids=[PLAN_DAG, STATIC_DAG])
+        bench.start(parallelism=cap, dag_ids=[PLAN_DAG, STATIC_DAG, GROUP_DAG])
         conf = {"goal": plan["goal"], "plan": work_plan(plan, seconds)}
         bench.run(PLAN_DAG, conf)  # unmeasured: every process has started once
         bench.run(STATIC_DAG, {})
+        bench.run(GROUP_DAG, {})
         for round_ in range(1, args.repeat + 1):
             plan_run = bench.run(PLAN_DAG, conf)
             static_run = bench.run(STATIC_DAG, {})
-            if {plan_run.state, static_run.state} != {"success"}:
-                log(f"round {round_}: plan {plan_run.state}, static {static_run.state}")
+            group_run = bench.run(GROUP_DAG, {})
+            if {plan_run.state, static_run.state, group_run.state} != {"success"}:
+                log(f"round {round_}: plan {plan_run.state}, static {static_run.state}, group {group_run.state}")
                 return 1
             measured["plan"] += handoffs(plan_run, args.chains)
             measured["static"] += handoffs(static_run, args.chains)
+            measured["group"] += handoffs(group_run, args.chains)
             deferred += deferred_children(bench, plan_run)
             latest = measured["plan"][-args.chains :]
             log(f"round {round_}: median hand-off plan {statistics.median(latest):.2f} s")
@@ -109,7 +175,9 @@ def main() -> int:
     plan_median, static_median = (statistics.median(measured[k]) for k in ("plan", "static"))
     print(f"    plan DAG (the child deferred: {deferred} of {edges})    {quartiles(measured['plan'])}")
     print(f"    static DAG (the child scheduled)         {quartiles(measured['static'])}")
+    print(f"    mapped task group (per-index upstream)   {quartiles(measured['group'])}")
     print(f"    plan / static                            {plan_median / static_median:.2f}")
+    print(f"    mapped group / static                    {statistics.median(measured['group']) / static_median:.2f}")
     return 0
 
 

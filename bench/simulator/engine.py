@@ -241,12 +241,17 @@ class Simulation:
         yields_to_ready: str | None = None,
         yields_after: float = 0.0,
         starts_deferred: str | None = None,
+        near_within: float | None = None,
     ) -> None:
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
         # when its parents run their tools) or "ready" (when they finished or saved their checkpoints);
         # None: each node starts in a slot
         self.starts_deferred = starts_deferred
+        # an oracle: a deferred node's trigger has it come back to wait in a slot only once every parent
+        # it waits for is due to end its tool within ``near_within`` seconds (None: as soon as they run
+        # their tools, WaitingPolicy.trigger_move's WAIT)
+        self.near_within = near_within
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
         # can see in one count of its run's instances (Airflow's task instance count by state), it defers
@@ -777,6 +782,16 @@ class Simulation:
         )
         if grandparents is not None and not self.policy.parents_run_tools(states, grandparents):
             ti.seen_far = True
+        if kind is Wait.WAIT and self.near_within is not None:
+            seconds, started = run.plan.seconds, run.tool_start
+            unfinished = [p for p in parents[ti.node] if tis[p].state not in FINISHED]
+            due = max(
+                (started[p] + seconds[p] if p in started else math.inf for p in unfinished), default=0.0
+            )
+            if due - self.now > self.near_within:
+                kind = None
+                if due < math.inf:
+                    self.at(due - self.near_within, self._trigger, ti, ti.token)
         if kind is Wait.WAIT:
             ti.came_back = True
             self.out.moves["came_back"] = self.out.moves.get("came_back", 0) + 1
