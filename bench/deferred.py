@@ -55,7 +55,9 @@ def chains(count: int) -> dict:
     return {"goal": "deferred hand-offs", "nodes": nodes, "edges": edges}
 
 
-def mapped_group_dag_source(dag_id: str, calls: Path, count: int, parent: float, child: float, cap: int) -> str:
+def mapped_group_dag_source(
+    dag_id: str, calls: Path, count: int, parent: float, child: float, cap: int
+) -> str:
     """The chains as one task group mapped over them: ``parent`` → ``child`` inside it, so each child
     instance waits for its own parent instance only. Each task logs its sleep to the bench's call log
     as ``p<i>`` / ``c<i>``."""
@@ -155,7 +157,8 @@ def main() -> int:
             static_run = bench.run(STATIC_DAG, {})
             group_run = bench.run(GROUP_DAG, {})
             if {plan_run.state, static_run.state, group_run.state} != {"success"}:
-                log(f"round {round_}: plan {plan_run.state}, static {static_run.state}, group {group_run.state}")
+                states = f"plan {plan_run.state}, static {static_run.state}, group {group_run.state}"
+                log(f"round {round_}: {states}")
                 return 1
             measured["plan"] += handoffs(plan_run, args.chains)
             measured["static"] += handoffs(static_run, args.chains)
@@ -177,7 +180,8 @@ def main() -> int:
     print(f"    static DAG (the child scheduled)         {quartiles(measured['static'])}")
     print(f"    mapped task group (per-index upstream)   {quartiles(measured['group'])}")
     print(f"    plan / static                            {plan_median / static_median:.2f}")
-    print(f"    mapped group / static                    {statistics.median(measured['group']) / static_median:.2f}")
+    group_median = statistics.median(measured["group"])
+    print(f"    mapped group / static                    {group_median / static_median:.2f}")
     return 0
 
 

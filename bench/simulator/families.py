@@ -330,8 +330,11 @@ for _after in (0, 1, 2, 5, 10):
     )
 for _within in (1, 2, 4):
     MECHANISMS[
-        f"start_on_triggerer as built, oracle: its trigger brings it to a slot {_within} s before its parents end"
-    ] = _engine(starts_deferred="near", node_weights="descendant places from cap 4", near_within=float(_within))
+        "start_on_triggerer as built, oracle: its trigger brings it to a slot"
+        f" {_within} s before its parents end"
+    ] = _engine(
+        starts_deferred="near", node_weights="descendant places from cap 4", near_within=float(_within)
+    )
 for _weights in ("descendants", "descendant places", "position"):
     MECHANISMS[f"start on the triggerer, take a slot ready, weight {_weights}"] = _engine(
         starts_deferred="ready", node_weights=_weights
