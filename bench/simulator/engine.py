@@ -120,6 +120,9 @@ class Run:
         self.watchers: dict[str, list[Ti]] = {}
         self.trigger_watchers: dict[str, list[Ti]] = {}
         self.unfinished = len(order)
+        #: chain child → its chain parent and back (Simulation(chain_lanes=True)); empty otherwise
+        self.chain_parent: dict[str, str] = {}
+        self.chain_child: dict[str, str] = {}
         self.expanded = self.planned = False
         self.start: float | None = None
         self.end: float | None = None
@@ -242,6 +245,8 @@ class Simulation:
         yields_after: float = 0.0,
         starts_deferred: str | None = None,
         near_within: float | None = None,
+        chain_lanes: bool = False,
+        chain_lanes_up_to: int | None = None,
     ) -> None:
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
@@ -252,6 +257,11 @@ class Simulation:
         # it waits for is due to end its tool within ``near_within`` seconds (None: as soon as they run
         # their tools, WaitingPolicy.trigger_move's WAIT)
         self.near_within = near_within
+        # a plan run's nodes laid out in chains (chain_cover): a node with a chain parent is an instance
+        # of a mapped task group's next step, which Airflow schedules once its chain parent's instance
+        # ended (a static DAG's hand-off, bench/deferred.py); it waits for its other parents as any node
+        # does. Chain heads start as the other options say
+        self.chain_lanes = chain_lanes
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
         # can see in one count of its run's instances (Airflow's task instance count by state), it defers
@@ -288,6 +298,10 @@ class Simulation:
         # "descendant places from cap 4", None (one weight: Airflow's map-index order within each task)
         # the tightest of the caps on a node: the weights' "from cap 4", the time bound below
         cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
+        if chain_lanes_up_to is not None and cap <= chain_lanes_up_to:
+            # up to that cap, chains weighed by descendants with heads in slots; above it, the options
+            chain_lanes, node_weights, self.starts_deferred = True, "descendants", None
+            self.chain_lanes = True
         if node_weights in ("descendants from cap 4", "descendant places from cap 4"):
             node_weights = node_weights.removesuffix(" from cap 4") if cap >= 4 else "position"
         for run in self.runs:
@@ -303,6 +317,9 @@ class Simulation:
                     run.weights[nodes[0]] = len(order)
             elif not static and node_weights == "descendants":
                 run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
+            if not static and chain_lanes:
+                run.chain_parent = chain_cover(run.plan)
+                run.chain_child = {p: c for c, p in run.chain_parent.items()}
         self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []
         self.scheduled_per: dict[tuple[int, str], int] = {}
         self.due: list[tuple[float, int, Ti]] = []
@@ -422,6 +439,8 @@ class Simulation:
                     child.parents_left -= 1
                     if child.parents_left == 0:
                         self._due(self.now, child)
+            elif ti.node in run.chain_child:
+                self._due(self.now, run.tis[run.chain_child[ti.node]])
 
     def _children(self, run: Run, node: str) -> list[Ti]:
         if not hasattr(run, "children"):
@@ -478,7 +497,9 @@ class Simulation:
                     self.set_state(ti, "scheduled")
         while self.due and self.due[0][0] <= now:
             _, _, ti = heapq.heappop(self.due)
-            if ti.run.static and ti.state is None:
+            if ti.state is None and ti.run.chain_parent:
+                self.set_state(ti, "scheduled")
+            elif ti.run.static and ti.state is None:
                 parents = ti.run.plan.parents[ti.node]
                 failed = any(ti.run.tis[p].state in FAILED for p in parents)
                 self.set_state(ti, "upstream_failed" if failed else "scheduled")
@@ -514,6 +535,8 @@ class Simulation:
             if run.static:
                 if ti.parents_left == 0:
                     self.set_state(ti, "scheduled")
+            elif node in run.chain_parent:
+                continue  # scheduled once its chain parent ended (set_state)
             elif self.starts_deferred and run.plan.parents[node]:
                 self._start_deferred(ti)
             else:
@@ -932,6 +955,26 @@ class Simulation:
         self.set_state(ti, state)
         if ti.run.static:
             self.ended.setdefault(ti.run.index, []).append(self.now)
+
+
+def chain_cover(plan: SimPlan) -> dict[str, str]:
+    """Chains through the plan, from its structure alone: in the run order, each node with parents
+    continues the chain of its deepest parent (most hops from a root; the latest in the run order among
+    equals) that no earlier node continued, else it heads a chain. Node → the parent it continues."""
+    order = plan.order
+    place = {n: i for i, n in enumerate(order)}
+    depth: dict[str, int] = {}
+    for node in order:
+        depth[node] = 1 + max((depth[p] for p in plan.parents[node]), default=-1)
+    continued: dict[str, str] = {}
+    taken: set[str] = set()
+    for node in order:
+        free = [p for p in plan.parents[node] if p not in taken]
+        if free:
+            parent = max(free, key=lambda p: (depth[p], place[p]))
+            continued[node] = parent
+            taken.add(parent)
+    return continued
 
 
 def simulate(

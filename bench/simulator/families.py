@@ -339,6 +339,20 @@ for _weights in ("descendants", "descendant places", "position"):
     MECHANISMS[f"start on the triggerer, take a slot ready, weight {_weights}"] = _engine(
         starts_deferred="ready", node_weights=_weights
     )
+MECHANISMS["chains as mapped task groups (a chain child scheduled by Airflow), heads as built"] = _engine(
+    starts_deferred="near", node_weights="descendant places from cap 4", chain_lanes=True
+)
+MECHANISMS["chains as mapped task groups, heads in slots, the package's weights"] = _engine(chain_lanes=True)
+MECHANISMS["chains as mapped task groups, heads in slots, weight by descendants"] = _engine(
+    chain_lanes=True, node_weights="descendants"
+)
+for _up_to in (4, 8):
+    MECHANISMS[
+        f"chains as mapped task groups weighed by descendants up to cap {_up_to}, start_on_triggerer as built"
+        " above"
+    ] = _engine(
+        starts_deferred="near", node_weights="descendant places from cap 4", chain_lanes_up_to=_up_to
+    )
 #: an oracle row of :func:`try_mechanisms`: each plan run by whichever of these two ran it faster
 BEST_OF = (STARTED_AS_BUILT, "start on the triggerer, take a slot ready, weight descendants")
 for _most in (200, 300, 600):
