@@ -219,3 +219,74 @@ def test_a_node_started_on_the_triggerer_takes_a_slot_only_near_its_parents() ->
     assert near.moves.get("checkpoint") == 2 and ready.moves.get("trigger_checkpoint") == 2
     assert ready.slot_seconds < near.slot_seconds < in_slot.slot_seconds
     assert max(near.handoffs) < min(ready.handoffs)  # a slot near the end, against a triggerer hand-off
+
+
+def test_chain_cover_continues_each_node_from_its_deepest_free_parent() -> None:
+    """``chain_cover``: a node continues the chain of one of its own parents, each parent is continued by
+    one node at most, and of two free parents the deeper one is continued (d, two hops from the root,
+    over b, one hop)."""
+    from bench.simulator.engine import chain_cover
+
+    plan = SimPlan(
+        {"a": [], "b": ["a"], "c": ["a"], "d": ["c"], "e": ["b", "d"], "f": ["b"]},
+        dict.fromkeys("abcdef", 1.0),
+    )
+    cover = chain_cover(plan)
+    assert cover == {"b": "a", "d": "c", "e": "d", "f": "b"}  # c: a is b's; e: d deeper than b
+    for seed in range(200):
+        parents = random_plan(random.Random(seed), 30, retries=0).parents
+        cover = chain_cover(SimPlan(parents, dict.fromkeys(parents, 1.0)))
+        assert all(parent in parents[child] for child, parent in cover.items())
+        assert len(set(cover.values())) == len(cover)
+        assert {n for n, ps in parents.items() if ps and n not in cover} <= {
+            n for n, ps in parents.items() if all(p in cover.values() for p in ps)
+        }
+
+
+def test_a_chain_child_is_scheduled_when_its_chain_parent_ends_and_waits_for_its_other_parents() -> None:
+    """Laid out in chains (``chain_lanes``), chain p (20 s) -> c (1 s) with a second parent q (30 s)
+    of c: c holds no slot while p runs (its instance is scheduled only when p ended, as a mapped task
+    group's next step), then waits for q as any node does; the run finishes. Chain a (20 s) -> b (1 s)
+    alone: b starts a static DAG's hand-off after a (and its parent's checkpoint read), not the
+    triggerer's."""
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    plan = SimPlan({"p": [], "q": [], "c": ["p", "q"]}, {"p": 20.0, "q": 30.0, "c": 1.0})
+    laid = simulate(plan, POLICY, caps, CALIBRATED, chain_lanes=True)
+    flat = simulate(plan, POLICY, caps, CALIBRATED)
+    assert laid.deadlock is None and laid.finished == 3
+    assert laid.slot_seconds < flat.slot_seconds  # c took no slot for p's 20 s
+    chain = SimPlan({"a": [], "b": ["a"]}, {"a": 20.0, "b": 1.0})
+    laid = simulate(chain, POLICY, caps, CALIBRATED, chain_lanes=True)
+    static = simulate(chain, POLICY, caps, CALIBRATED, static=True)
+    deferred = simulate(chain, POLICY, caps, CALIBRATED, starts_deferred="ready")
+    assert "wait" not in laid.moves and "defer" not in laid.moves
+    assert abs(laid.handoff - static.handoff) <= 0.05 < deferred.handoff - laid.handoff
+
+
+def test_plan_families_laid_out_in_chains_finish_at_every_cap() -> None:
+    """The families at every cap from 1 to 32, laid out in chains (heads started in slots, and heads
+    started on the triggerer): every run finishes."""
+    stuck = []
+    for family in FAMILIES:
+        for seed in range(3):
+            for cap in CAPS:
+                plan = generate(family, seed, size=20 + 25 * seed, cap=cap)
+                for options in ({}, {"starts_deferred": "near"}):
+                    out = simulate(
+                        plan.sim_plan(), POLICY, plan.caps(), CALIBRATED, chain_lanes=True, **options
+                    )
+                    if out.deadlock or out.finished != out.nodes:
+                        stuck.append((plan.name, options, out.deadlock))
+    assert stuck == []
+
+
+def test_an_oracle_trigger_brings_its_node_to_a_slot_just_before_its_parent_ends() -> None:
+    """``near_within``: started on the triggerer, c (child of p, 30 s) takes its slot about 2 s before
+    p's tool ends instead of when it begins, so it holds a slot some 28 s less, and still picks p's
+    result up from its checkpoint (in its slot, not through the triggerer)."""
+    plan = SimPlan({"p": [], "c": ["p"]}, {"p": 30.0, "c": 1.0})
+    caps = Caps(task_cap=None, dag_cap=4, parallelism=4)
+    near = simulate(plan, POLICY, caps, CALIBRATED, starts_deferred="near")
+    timed = simulate(plan, POLICY, caps, CALIBRATED, starts_deferred="near", near_within=2.0)
+    assert near.moves.get("checkpoint") == timed.moves.get("checkpoint") == 1
+    assert 25.0 < near.slot_seconds - timed.slot_seconds < 30.0
