@@ -61,6 +61,7 @@ from airflow_plan_provider.plan.session import (
     start_session,
 )
 from airflow_plan_provider.plan.validate import Limits, validate_plan
+from airflow_plan_provider.plan.waiting import slots_to_spare
 from airflow_plan_provider.problems import MAX_REPORTED_PROBLEMS, capped, clip, describe
 from airflow_plan_provider.tools.registry import ToolRegistry, load_tools
 
@@ -289,12 +290,16 @@ class PlanOperator(BaseOperator):
         """Push what the run's other tasks read (the tools listed, the plan, the session, the run's
         context, locked outputs, the nodes' briefs), and return what the node task maps over."""
         run = run_context(planned)
+        slots = self.slots(ti)
+        if self.start_on_triggerer:
+            run.wait_near = slots_to_spare(len(plan.nodes), len(plan.layers), slots)
         self._keep_tools(ti, tools, listing, plan)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         if run.lanes:  # the node instances' weights follow the plan's order across the lanes' tasks
-            ti.xcom_push(key=PLACES_KEY, value=node_places(plan, run, self.places_by_descendants(ti)))
+            by_descendants = self.places_by_descendants(slots, run.wait_near)
+            ti.xcom_push(key=PLACES_KEY, value=node_places(plan, run, by_descendants))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
         briefs = node_briefs(plan, run)
@@ -307,27 +312,32 @@ class PlanOperator(BaseOperator):
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
 
-    def places_by_descendants(self, ti: Any) -> bool:
+    def places_by_descendants(self, slots: int, wait_near: bool) -> bool:
         """Whether the run's node instances are weighed by their number of descendants (their places in
         the plan's :attr:`~airflow_plan_provider.plan.model.ValidatedPlan.descendant_order`) instead of
-        its run order: where the nodes with parents start on the triggerer and the run has at least
-        :data:`PLACES_BY_DESCENDANTS_FROM` slots (the least of the DAG's ``max_active_tasks`` and
-        Airflow's ``[core] parallelism``; a pool's slots are not read).
+        its run order: where the nodes with parents start on the triggerer and either come to their
+        slots only once their parents finished (``wait_near`` False) or the run has at least
+        :data:`PLACES_BY_DESCENDANTS_FROM` ``slots`` (:meth:`slots`).
 
         Nodes started on the triggerer hold no slot while their parents have not begun their tools, so
         the slots go to the nodes that can run or whose parents run, and among those the one that holds
         up most of the plan goes first, as in a static DAG (Airflow's ``downstream`` weight). With fewer
-        slots the run order (layer by layer) keeps the plan's front moving instead. The simulator's
-        figures for both, on the same generated plans: ``bench/simulate.py --families 1000 --mechanisms``.
+        slots, and nodes that come near their parents, the run order (layer by layer) keeps the plan's
+        front moving instead. The simulator's figures for both, on the same generated plans:
+        ``bench/simulate.py --families 1000 --mechanisms``.
         """
-        if not self.start_on_triggerer:
-            return False
+        return self.start_on_triggerer and (not wait_near or slots >= PLACES_BY_DESCENDANTS_FROM)
+
+    @staticmethod
+    def slots(ti: Any) -> int:
+        """The most node instances of the run that can hold slots at once, as the planning task can know
+        it: the least of the DAG's ``max_active_tasks`` and Airflow's ``[core] parallelism`` (a pool's
+        slots are not read)."""
         from airflow_plan_provider.airflow_features import sdk_conf
 
         dag = getattr(getattr(ti, "task", None), "dag", None)
         caps = [getattr(dag, "max_active_tasks", None), sdk_conf().getint("core", "parallelism", fallback=32)]
-        slots = min(cap for cap in caps if isinstance(cap, int) and cap > 0)
-        return slots >= PLACES_BY_DESCENDANTS_FROM
+        return min(cap for cap in caps if isinstance(cap, int) and cap > 0)
 
     def _listed_tools(self) -> tuple[ToolRegistry, ToolListing]:
         """The DAG's tools, with those its sources list now, and the listing (kept beside the plan for

@@ -144,6 +144,10 @@ class RunContext(Model):
     budgets: Budgets = Field(default_factory=Budgets)
     steps_used: int = 0  # node executions of the earlier revisions
     reused: list[str] = Field(default_factory=list)  # locked nodes of this plan
+    # nodes started on the triggerer come to a slot as soon as their parents begin their tools (False:
+    # only once the parents finished or saved their results; the planning task's choice for the run,
+    # plan.waiting.slots_to_spare)
+    wait_near: bool = True
 
     def position(self, node_id: str) -> int | None:
         """The node's place in this revision's execution order (what the step budget counts); None for
@@ -162,6 +166,7 @@ class RunContext(Model):
             budgets=self.budgets,
             steps_used=self.steps_used,
             reused=[node_id] if node_id in self.reused else [],
+            wait_near=self.wait_near,
         )
 
 

@@ -487,6 +487,21 @@ def generations(node: str, parents: Mapping[str, Iterable[str]], state_of: State
     return seen[node]
 
 
+def slots_to_spare(nodes: int, layers: int, slots: int) -> bool:
+    """Whether a run has slots to spare for nodes that wait near their parents: a plan of ``nodes`` in
+    ``layers`` layers (topological generations) on ``slots`` slots runs in no fewer than ``layers`` nor
+    ``nodes / slots`` rounds of tools of one length. Where the layers are more, slots idle while the
+    front of the plan moves, and a node holding one while its parents run costs nothing; where the slots
+    are the bound (more nodes than ``slots`` times ``layers``), a slot held near a running parent is one a
+    ready node waits for. Nodes started on the triggerer come near their parents only where there are
+    slots to spare (:attr:`~airflow_plan_provider.plan.session.RunContext.wait_near`).
+
+    >>> slots_to_spare(nodes=20, layers=10, slots=4), slots_to_spare(nodes=200, layers=10, slots=4)
+    (True, False)
+    """
+    return nodes <= slots * layers
+
+
 def deferral_is_free(task_cap: int | None, task_size: int, pool_counts_deferred: bool) -> bool:
     """Whether a deferred instance of a task of ``task_size`` instances holds nothing another instance
     could wait for: its task's cap (``task_cap``; None: none) cannot fill, and its pool

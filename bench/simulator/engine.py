@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_plan_provider.contract import FINALIZE_TASK, NODES_TASK, PLAN_TASK, lane_task_id
-from airflow_plan_provider.plan.waiting import Move, Wait, WaitView, deferral_is_free
+from airflow_plan_provider.plan.graph import topological_layers
+from airflow_plan_provider.plan.waiting import Move, Wait, WaitView, deferral_is_free, slots_to_spare
 from bench.simulator.model import Caps, Costs, SimPlan, list_scheduling_bound
 from bench.simulator.policy import Policy
 
@@ -250,8 +251,11 @@ class Simulation:
     ) -> None:
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
-        # when its parents run their tools) or "ready" (when they finished or saved their checkpoints);
-        # None: each node starts in a slot
+        # when its parents run their tools), "ready" (when they finished or saved their checkpoints), or
+        # "near where slots are many" (the package's rule, plan.waiting.slots_to_spare: "ready" in a
+        # run whose plan has more nodes than its layers times its slots, "near" otherwise; the runs
+        # without slots to spare are weighed by descendant places, as the package's planning task
+        # weighs them); None: each node starts in a slot
         self.starts_deferred = starts_deferred
         # an oracle: a deferred node's trigger has it come back to wait in a slot only once every parent
         # it waits for is due to end its tool within ``near_within`` seconds (None: as soon as they run
@@ -298,6 +302,18 @@ class Simulation:
         # "descendant places from cap 4", None (one weight: Airflow's map-index order within each task)
         # the tightest of the caps on a node: the weights' "from cap 4", the time bound below
         cap = min(c for c in (caps.task_cap, caps.dag_cap, caps.parallelism, caps.pool) if c is not None)
+        # the runs whose nodes come near (all but where the package's planning task finds no slots to
+        # spare, from the DAG's cap and the executor's parallelism: PlanOperator.slots)
+        self.near_runs = {
+            run.index
+            for run in self.runs
+            if starts_deferred != "near where slots are many"
+            or slots_to_spare(
+                len(run.plan.parents),
+                len(topological_layers(run.plan.parents)),
+                min(caps.dag_cap, caps.parallelism),
+            )
+        }
         if chain_lanes_up_to is not None and cap <= chain_lanes_up_to:
             # up to that cap, chains weighed by descendants with heads in slots; above it, the options
             chain_lanes, node_weights, self.starts_deferred = True, "descendants", None
@@ -305,9 +321,12 @@ class Simulation:
         if node_weights in ("descendants from cap 4", "descendant places from cap 4"):
             node_weights = node_weights.removesuffix(" from cap 4") if cap >= 4 else "position"
         for run in self.runs:
-            if not static and node_weights in ("position", "descendant places"):
+            weights = node_weights
+            if starts_deferred == "near where slots are many" and run.index not in self.near_runs:
+                weights = "descendant places"  # nodes come to their slots ready, as a static DAG's tasks
+            if not static and weights in ("position", "descendant places"):
                 order = run.plan.order
-                if node_weights == "descendant places":
+                if weights == "descendant places":
                     descendants = run.plan.descendants()
                     order = sorted(order, key=lambda n: -descendants[n])
                 run.weights = {n: len(order) - i for i, n in enumerate(order)}
@@ -315,7 +334,7 @@ class Simulation:
                 # index -1, no node yet: place 0), turned into map index 0 at expansion, weight kept
                 for nodes in run.tasks.values():
                     run.weights[nodes[0]] = len(order)
-            elif not static and node_weights == "descendants":
+            elif not static and weights == "descendants":
                 run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
             if not static and chain_lanes:
                 run.chain_parent = chain_cover(run.plan)
@@ -546,7 +565,7 @@ class Simulation:
         """The scheduler defers the instance as it schedules it (``start_from_trigger``): its trigger
         reads its parents from the triggerer's pick-up on, and it takes a slot only when resumed ("near":
         its trigger may have it come back at once; "ready": never)."""
-        near = self.starts_deferred == "near"
+        near = self.starts_deferred != "ready" and ti.run.index in self.near_runs
         ti.came_back = not near
         self._defer(ti, seen_far=near)
 

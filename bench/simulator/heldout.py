@@ -7,7 +7,9 @@ and static DAG where measured) are predicted. Generated plans measured on a real
 --family ... --json FILE``: plan DAG and static DAG side by side) are predicted too, with
 :data:`~.model.CALIBRATED` (fitted to every bench figure, none of them generated); where the run also
 measured the plan DAG started on the triggerer (``--start-on-triggerer``), that DAG is predicted with the
-simulator's model of it (:data:`~.families.STARTED_AS_BUILT`) in a row of its own. Reported per plan:
+simulator's model of it (:data:`~.families.STARTED_AS_BUILT`, or for a record measured before
+:data:`SLOTS_TO_SPARE_SINCE` the build it measured, :data:`~.families.STARTED_NEAR_ALWAYS`) in a row of
+its own. Reported per plan:
 the makespan error (simulated / measured - 1), plan DAG and static DAG, and the error of the
 plan/static ratio (simulated ratio - measured ratio). Targets (issue 42): makespan within 5 %, ratio
 within 0.03.
@@ -25,7 +27,7 @@ from airflow_plan_provider.plan.waiting import WaitingPolicy
 from bench.plan_families import generate
 from bench.simulator.calibrate import RANGES, calibrate, figures
 from bench.simulator.engine import simulate
-from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
+from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT, STARTED_NEAR_ALWAYS
 from bench.simulator.model import CALIBRATED, Costs
 from bench.simulator.plans import bench_plans
 
@@ -81,8 +83,20 @@ def bench_errors() -> list[dict[str, Any]]:
 
 
 #: a generated plan measured: (database, plan's name, plan DAG makespan, static DAG makespan, makespan of
-#: the plan DAG started on the triggerer or None where not measured)
-Measured = tuple[str, str, float, float, float | None]
+#: the plan DAG started on the triggerer or None where not measured, and the mechanism of
+#: :data:`~.families.MECHANISMS` that models the build it was started with)
+Measured = tuple[str, str, float, float, float | None, str]
+
+#: a record of plans started on the triggerer dated before this was measured with every node coming near
+#: its parents (:data:`~.families.STARTED_NEAR_ALWAYS`); from then on, near only where the run has slots
+#: to spare (``plan.waiting.slots_to_spare``)
+SLOTS_TO_SPARE_SINCE = "2026-12-06T23:00"
+
+
+def started_mechanism(date: str | None) -> str:
+    """The mechanism that models the start on the triggerer of a measurement made at ``date`` (ISO; None:
+    the current build)."""
+    return STARTED_NEAR_ALWAYS if date is not None and date < SLOTS_TO_SPARE_SINCE else STARTED_AS_BUILT
 
 
 def measured_families(paths: Iterable[Path]) -> list[Measured]:
@@ -92,19 +106,21 @@ def measured_families(paths: Iterable[Path]) -> list[Measured]:
     out: list[Measured] = []
     for path in paths:
         saved = json.loads(path.read_text())
+        mechanism = started_mechanism(saved.get("date"))
         if "figures" in saved:
-            out += _recorded_families(saved["figures"])
+            out += _recorded_families(saved["figures"], mechanism)
             continue
         for database, by_plan in saved["results"].get("families", {}).items():
             if "error" in by_plan:
                 continue
             for name, f in by_plan.items():
                 started = f["started"]["makespan"] if "started" in f else None
-                out.append((database, name, f["plan"]["makespan"], f["static"]["makespan"], started))
+                plan, static = f["plan"]["makespan"], f["static"]["makespan"]
+                out.append((database, name, plan, static, started, mechanism))
     return out
 
 
-def _recorded_families(figures: dict[str, Any]) -> list[Measured]:
+def _recorded_families(figures: dict[str, Any], mechanism: str) -> list[Measured]:
     """The plans of a ``bench/results/`` record of generated plans (see :func:`measured_families`)."""
     out: list[Measured] = []
     for key, plan in figures.items():
@@ -122,6 +138,7 @@ def _recorded_families(figures: dict[str, Any]) -> list[Measured]:
                     float(plan),
                     float(static),
                     None if started is None else float(started),
+                    mechanism,
                 )
             )
     return out
@@ -132,8 +149,7 @@ def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, 
     plan measured started on the triggerer too gets a second row, ``(<database>, started)``."""
     out = []
     policy = WaitingPolicy()
-    started_options = MECHANISMS[STARTED_AS_BUILT][2]
-    for database, name, plan_real, static_real, started_real in measured:
+    for database, name, plan_real, static_real, started_real, mechanism in measured:
         family, seed, size, cap = name.split("-")
         generated = generate(family, int(seed[1:]), int(size[1:]), int(cap[1:]))
         sim_plan, caps = generated.sim_plan(), generated.caps()
@@ -141,7 +157,7 @@ def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, 
         plan_sim = simulate(sim_plan, policy, caps, costs).makespan
         out.append(error_row(f"{name} ({database})", (plan_sim, static_sim), (plan_real, static_real)))
         if started_real is not None:
-            started_sim = simulate(sim_plan, policy, caps, costs, **started_options).makespan
+            started_sim = simulate(sim_plan, policy, caps, costs, **MECHANISMS[mechanism][2]).makespan
             out.append(
                 error_row(
                     f"{name} ({database}, started)", (started_sim, static_sim), (started_real, static_real)

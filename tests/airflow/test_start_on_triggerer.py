@@ -18,6 +18,7 @@ from airflow_plan_provider.contract import (
     NODES_TASK,
     PLACES_KEY,
     PLAN_TASK,
+    RUN_CONTEXT_KEY,
     SESSION_KEY,
     NodeBrief,
     after_lane,
@@ -184,6 +185,43 @@ def test_with_four_slots_or_more_nodes_started_on_the_triggerer_are_weighed_by_t
     run = run_plan_dag(dag)
     assert str(run.state) == "success"
     assert xcom(run, PLAN_TASK, key=PLACES_KEY) == {NODES_TASK: places[0], AFTER: places[1]}
+
+
+@needs_feature
+@pytest.mark.airflow
+def test_a_run_without_slots_to_spare_has_its_nodes_started_on_the_triggerer_come_ready_by_descendants(
+    tmp_path: Any,
+) -> None:
+    """Five nodes in three layers on one slot: more nodes than slots times layers, so the run's context
+    and the after task's briefs say the nodes come to their slot only once their parents finished
+    (``wait_near`` False), and the instances are weighed by descendants below four slots too. The same
+    plan on two slots waits near (the places test above)."""
+    dag = build(
+        "started_no_slot_to_spare",
+        CallLog(tmp_path),
+        plan_=CHAIN_BESIDE_ROOTS,
+        pooled=False,
+        execution=STARTED,
+        max_active_tasks=1,
+    )
+    run = run_plan_dag(dag)
+    assert str(run.state) == "success"
+    assert xcom(run, PLAN_TASK, key=RUN_CONTEXT_KEY)["wait_near"] is False
+    assert xcom(run, PLAN_TASK, key=PLACES_KEY) == {NODES_TASK: [0, 2, 3], AFTER: [1, 4]}
+    group = xcom(run, PLAN_TASK, key=briefs_key(AFTER, 0))
+    assert [NodeBrief.model_validate(b).run.wait_near for b in group] == [False, False]
+
+
+def test_the_start_trigger_of_a_run_without_slots_to_spare_waits_for_its_parents_to_finish() -> None:
+    """``wait_near`` False: the trigger is given no grandparents, so it never has the node come back to
+    a slot while its parents run (only ``ready``, once they finished or saved their results)."""
+    plan = validate_plan(MIXED_PLAN)
+    run = RunContext(lanes={"e": "after", "f": f"{API}__after", "g": "after"}, wait_near=False)
+    ti = _TriggerTi(f"grp.{AFTER}", 1, {briefs_key(AFTER, 0): node_briefs(plan, run)[AFTER]})
+    trigger = NodeStartTrigger()
+    brief = asyncio.run(trigger._brief(ti))
+    assert brief is not None and brief.run.wait_near is False
+    assert trigger.waiting(ti, brief).serialize()[1]["grandparents"] is None
 
 
 def test_the_start_trigger_reads_its_nodes_brief_and_waits_as_a_deferred_node_does() -> None:

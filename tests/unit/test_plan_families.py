@@ -52,6 +52,7 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
     triggerer where the run measured it)."""
     import json
 
+    from bench.simulator.families import STARTED_AS_BUILT, STARTED_NEAR_ALWAYS
     from bench.simulator.heldout import measured_families
 
     run = {
@@ -69,6 +70,7 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
         }
     }
     record = {
+        "date": "2026-12-07T10:00",
         "figures": {
             "mixed_s2_n100_c16_sqlite_plan_s": 89.0,
             "mixed_s2_n100_c16_sqlite_static_s": 84.9,
@@ -77,16 +79,19 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
             "fan_s1_n80_c8_sqlite_static_s": 72.0,
             "fan_s1_n80_c8_sqlite_started_s": 71.5,
             "fan_s1_n80_c8_sqlite_started_ratio": 0.993,
-        }
+        },
     }
     (tmp_path / "run.json").write_text(json.dumps(run))
     (tmp_path / "record.json").write_text(json.dumps(record))
     expected = [
-        ("sqlite", "mixed-s2-n100-c16", 89.0, 84.9, None),
-        ("sqlite", "fan-s1-n80-c8", 70.0, 72.0, 71.5),
+        ("sqlite", "mixed-s2-n100-c16", 89.0, 84.9, None, STARTED_AS_BUILT),
+        ("sqlite", "fan-s1-n80-c8", 70.0, 72.0, 71.5, STARTED_AS_BUILT),
     ]
     assert (
         measured_families([tmp_path / "run.json"])
         == measured_families([tmp_path / "record.json"])
         == expected
     )
+    # a record measured before the start on the triggerer chose near per run: the build it measured
+    (tmp_path / "record.json").write_text(json.dumps(record | {"date": "2026-12-06T14:00"}))
+    assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_NEAR_ALWAYS}

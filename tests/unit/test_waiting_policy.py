@@ -12,6 +12,7 @@ from airflow_plan_provider.plan.waiting import (
     WaitView,
     deferral_is_free,
     generations,
+    slots_to_spare,
     steps_aside,
 )
 
@@ -320,3 +321,15 @@ def test_a_policy_with_a_wrong_number_names_it(changes: dict[str, object], messa
 def test_a_generation_count_over_a_long_chain_does_not_recurse() -> None:
     parents = {"n0": []} | {f"n{i}": [f"n{i - 1}"] for i in range(1, 5000)}
     assert generations("n4999", parents, lambda n: "running") == 4999
+
+
+@pytest.mark.parametrize(
+    ("nodes", "layers", "slots", "spare"),
+    [(20, 10, 2, True), (20, 10, 1, False), (21, 10, 2, False), (5, 5, 1, True), (500, 20, 32, True)],
+)
+def test_a_run_has_slots_to_spare_while_its_nodes_are_at_most_its_slots_times_its_layers(
+    nodes: int, layers: int, slots: int, spare: bool
+) -> None:
+    """Equal tools need max(layers, nodes / slots) rounds: the slots bound the run only past
+    ``slots * layers`` nodes, and only then is a slot held near a running parent one a ready node needs."""
+    assert slots_to_spare(nodes, layers, slots) is spare
