@@ -282,6 +282,12 @@ def _log(node, key, event):
 """
 
 
+def dag_file_head(doc: str, imports: str, calls: Path) -> str:
+    """The start of a bench DAG file: its docstring, its ``imports`` and the writer of the call log
+    ``calls`` (``_log(node, key, event)``), which the plan DAG's tools write to as well."""
+    return f'\n"""{doc}"""\n{imports}\n' + CALL_LOG_WRITER.format(calls=str(calls))
+
+
 # the static DAG's head and tail tasks (static_dag_source(bookends=True)), inside its ``with DAG`` block
 BOOKENDS = """\
     head = PythonOperator(task_id="head", python_callable=print, pool="default_pool")
@@ -322,14 +328,12 @@ def static_dag_source(
     if pool:
         kwargs["default_args"] = {"pool": pool}
     return (
-        textwrap.dedent(
-            f'''
-            """Bench: a plan written as a static DAG ({len(plan["nodes"])} tasks)."""
-            from airflow.sdk import DAG
-            from airflow.providers.standard.operators.python import PythonOperator
-            '''
+        dag_file_head(
+            f"Bench: a plan written as a static DAG ({len(plan['nodes'])} tasks).",
+            "from airflow.sdk import DAG\n"
+            "from airflow.providers.standard.operators.python import PythonOperator",
+            calls,
         )
-        + CALL_LOG_WRITER.format(calls=str(calls))
         + textwrap.dedent(
             f"""
 

@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _planbench import (
-    CALL_LOG_WRITER,
     DATABASES,
     Bench,
     Run,
+    dag_file_head,
     load_note,
     log,
     plan_dag_source,
@@ -61,16 +61,12 @@ def mapped_group_dag_source(
     """The chains as one task group mapped over them: ``parent`` → ``child`` inside it, so each child
     instance waits for its own parent instance only. Each task logs its sleep to the bench's call log
     as ``p<i>`` / ``c<i>``."""
-    return (
-        textwrap.dedent(
-            f'''
-            """Bench: {count} parent → child chains as one mapped task group."""
-            from airflow.sdk import DAG, task, task_group
-            '''
-        )
-        + CALL_LOG_WRITER.format(calls=str(calls))
-        + textwrap.dedent(
-            f"""
+    return dag_file_head(
+        f"Bench: {count} parent → child chains as one mapped task group.",
+        "from airflow.sdk import DAG, task, task_group",
+        calls,
+    ) + textwrap.dedent(
+        f"""
 
             def _work(node, seconds, context):
                 key = f"{{context['dag'].dag_id}}/{{context['run_id']}}/{{node}}"
@@ -98,7 +94,6 @@ def mapped_group_dag_source(
             with DAG({dag_id!r}, schedule=None, catchup=False, max_active_tasks={cap!r}) as dag:
                 chain.expand(i=list(range({count!r})))
             """
-        )
     )
 
 
