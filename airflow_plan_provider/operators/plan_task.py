@@ -290,15 +290,16 @@ class PlanOperator(BaseOperator):
         """Push what the run's other tasks read (the tools listed, the plan, the session, the run's
         context, locked outputs, the nodes' briefs), and return what the node task maps over."""
         run = run_context(planned)
-        slots = self.slots(ti)
+        by_descendants = False
         if self.start_on_triggerer:
+            slots = self.slots(ti)
             run.wait_near = slots_to_spare(len(plan.nodes), len(plan.layers), slots)
+            by_descendants = self.places_by_descendants(slots, run.wait_near)
         self._keep_tools(ti, tools, listing, plan)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
         ti.xcom_push(key=RUN_CONTEXT_KEY, value=run.model_dump(mode="json"))
         if run.lanes:  # the node instances' weights follow the plan's order across the lanes' tasks
-            by_descendants = self.places_by_descendants(slots, run.wait_near)
             ti.xcom_push(key=PLACES_KEY, value=node_places(plan, run, by_descendants))
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
@@ -312,12 +313,14 @@ class PlanOperator(BaseOperator):
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
 
-    def places_by_descendants(self, slots: int, wait_near: bool) -> bool:
-        """Whether the run's node instances are weighed by their number of descendants (their places in
-        the plan's :attr:`~airflow_plan_provider.plan.model.ValidatedPlan.descendant_order`) instead of
-        its run order: where the nodes with parents start on the triggerer and either come to their
-        slots only once their parents finished (``wait_near`` False) or the run has at least
-        :data:`PLACES_BY_DESCENDANTS_FROM` ``slots`` (:meth:`slots`).
+    @staticmethod
+    def places_by_descendants(slots: int, wait_near: bool) -> bool:
+        """Whether the node instances of a run whose nodes with parents start on the triggerer are
+        weighed by their number of descendants (their places in the plan's
+        :attr:`~airflow_plan_provider.plan.model.ValidatedPlan.descendant_order`) instead of its run
+        order: where they come to their slots only once their parents finished (``wait_near`` False) or
+        the run has at least :data:`PLACES_BY_DESCENDANTS_FROM` ``slots`` (:meth:`slots`). Other runs are
+        weighed by the run order.
 
         Nodes started on the triggerer hold no slot while their parents have not begun their tools, so
         the slots go to the nodes that can run or whose parents run, and among those the one that holds
@@ -326,7 +329,7 @@ class PlanOperator(BaseOperator):
         front moving instead. The simulator's figures for both, on the same generated plans:
         ``bench/simulate.py --families 1000 --mechanisms``.
         """
-        return self.start_on_triggerer and (not wait_near or slots >= PLACES_BY_DESCENDANTS_FROM)
+        return not wait_near or slots >= PLACES_BY_DESCENDANTS_FROM
 
     @staticmethod
     def slots(ti: Any) -> int:

@@ -261,11 +261,6 @@ class Simulation:
         # it waits for is due to end its tool within ``near_within`` seconds (None: as soon as they run
         # their tools, WaitingPolicy.trigger_move's WAIT)
         self.near_within = near_within
-        # a plan run's nodes laid out in chains (chain_cover): a node with a chain parent is an instance
-        # of a mapped task group's next step, which Airflow schedules once its chain parent's instance
-        # ended (a static DAG's hand-off, bench/deferred.py); it waits for its other parents as any node
-        # does. Chain heads start as the other options say
-        self.chain_lanes = chain_lanes
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
         # can see in one count of its run's instances (Airflow's task instance count by state), it defers
@@ -317,7 +312,6 @@ class Simulation:
         if chain_lanes_up_to is not None and cap <= chain_lanes_up_to:
             # up to that cap, chains weighed by descendants with heads in slots; above it, the options
             chain_lanes, node_weights, self.starts_deferred = True, "descendants", None
-            self.chain_lanes = True
         if node_weights in ("descendants from cap 4", "descendant places from cap 4"):
             node_weights = node_weights.removesuffix(" from cap 4") if cap >= 4 else "position"
         for run in self.runs:
@@ -337,6 +331,10 @@ class Simulation:
             elif not static and weights == "descendants":
                 run.weights = {n: 1 + d for n, d in run.plan.descendants().items()}
             if not static and chain_lanes:
+                # the run's nodes laid out in chains: a node with a chain parent is an instance of a mapped
+                # task group's next step, which Airflow schedules once its chain parent's instance ended (a
+                # static DAG's hand-off, bench/deferred.py); it waits for its other parents as any node
+                # does. Chain heads start as the other options say
                 run.chain_parent = chain_cover(run.plan)
                 run.chain_child = {p: c for c, p in run.chain_parent.items()}
         self.scheduled: list[tuple[tuple[int, int, int, str], Ti]] = []
