@@ -184,16 +184,23 @@ BUILDERS: dict[str, Callable[[random.Random, int], tuple[Parents, dict[str, floa
 }
 
 
+def drawn_size(family: str, seed: int) -> int:
+    """The size of plan ``seed`` of ``family`` when none is given: log-uniform over :data:`SIZES`."""
+    rng = random.Random(f"{family}:{seed}")
+    return round(math.exp(rng.uniform(math.log(SIZES[0]), math.log(SIZES[1]))))
+
+
 def generate(family: str, seed: int, size: int | None = None, cap: int | None = None) -> Generated:
     """Plan ``seed`` of ``family`` (see the module docstring); ``size`` nodes and DAG cap ``cap``, or
-    drawn from the seed when not given."""
+    drawn from the seed when not given. The size and cap are drawn apart from the plan's shape, so a plan
+    is the same whether they were drawn or given: its name (``mixed-s2-n80-c4``) reproduces it."""
     if family not in BUILDERS:
         raise ValueError(f"family must be one of {FAMILIES}, not {family!r}")
     rng = random.Random(f"{family}:{seed}")
     if size is None:
-        size = round(math.exp(rng.uniform(math.log(SIZES[0]), math.log(SIZES[1]))))
+        size = drawn_size(family, seed)
     if cap is None:
-        cap = rng.choice(CAPS)
+        cap = random.Random(f"{family}:{seed}:cap").choice(CAPS)
     if size < 1 or cap < 1:
         raise ValueError(f"size and cap must be >= 1, got {size}, {cap}")
     parents, seconds = BUILDERS[family](rng, size)

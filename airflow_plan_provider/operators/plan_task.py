@@ -53,6 +53,7 @@ from airflow_plan_provider.plan.merge import merge_replan
 from airflow_plan_provider.plan.model import Node, Plan, ValidatedPlan
 from airflow_plan_provider.plan.session import (
     PlanSource,
+    RunSlots,
     SessionState,
     continue_session,
     record_plan,
@@ -291,10 +292,18 @@ class PlanOperator(BaseOperator):
         context, locked outputs, the nodes' briefs), and return what the node task maps over."""
         run = run_context(planned)
         by_descendants = False
-        if self.start_on_triggerer:
+        started = (
+            [lane_task_id(after_lane(lane)) for lane in (None, *self.lanes)]
+            if self.start_on_triggerer
+            else []
+        )
+        if started:
             slots = self.slots(ti)
-            run.wait_near = slots_to_spare(len(plan.nodes), len(plan.layers), slots)
-            by_descendants = self.places_by_descendants(slots, run.wait_near)
+            spare = slots_to_spare(len(plan.nodes), len(plan.layers), slots)
+            if not spare:
+                tasks = [lane_task_id(lane) for lane in (None, *self.lanes)] + started
+                run.near_while_idle = RunSlots(slots=slots, tasks=tasks)
+            by_descendants = self.places_by_descendants(slots, spare)
         self._keep_tools(ti, tools, listing, plan)
         ti.xcom_push(key=PLAN_KEY, value=plan.model_dump(mode="json", by_alias=True, exclude_none=True))
         ti.xcom_push(key=SESSION_KEY, value=planned.model_dump(mode="json"))
@@ -304,23 +313,18 @@ class PlanOperator(BaseOperator):
         for node_id in run.reused:
             ti.xcom_push(key=locked_key(node_id), value=planned.locked[node_id].model_dump(mode="json"))
         briefs = node_briefs(plan, run)
-        started = (
-            [lane_task_id(after_lane(lane)) for lane in (None, *self.lanes)]
-            if self.start_on_triggerer
-            else []
-        )
         for key, group in brief_groups(briefs, grouped=started).items():
             ti.xcom_push(key=key, value=group)
         return mapped_values(plan, run, NODES_TASK, briefs)
 
     @staticmethod
-    def places_by_descendants(slots: int, wait_near: bool) -> bool:
+    def places_by_descendants(slots: int, spare: bool) -> bool:
         """Whether the node instances of a run whose nodes with parents start on the triggerer are
         weighed by their number of descendants (their places in the plan's
         :attr:`~airflow_plan_provider.plan.model.ValidatedPlan.descendant_order`) instead of its run
-        order: where they come to their slots only once their parents finished (``wait_near`` False) or
-        the run has at least :data:`PLACES_BY_DESCENDANTS_FROM` ``slots`` (:meth:`slots`). Other runs are
-        weighed by the run order.
+        order: where the run has no slots to spare (``spare`` False: its nodes come to their slots near
+        their parents only while the run leaves one idle) or at least :data:`PLACES_BY_DESCENDANTS_FROM`
+        ``slots`` (:meth:`slots`). Other runs are weighed by the run order.
 
         Nodes started on the triggerer hold no slot while their parents have not begun their tools, so
         the slots go to the nodes that can run or whose parents run, and among those the one that holds
@@ -329,7 +333,7 @@ class PlanOperator(BaseOperator):
         front moving instead. The simulator's figures for both, on the same generated plans:
         ``bench/simulate.py --families 1000 --mechanisms``.
         """
-        return not wait_near or slots >= PLACES_BY_DESCENDANTS_FROM
+        return not spare or slots >= PLACES_BY_DESCENDANTS_FROM
 
     @staticmethod
     def slots(ti: Any) -> int:

@@ -131,6 +131,15 @@ class SessionState(Model):
         )
 
 
+class RunSlots(Model):
+    """A run's slots as its planning task knows them (the least of the DAG's ``max_active_tasks`` and
+    Airflow's parallelism) and its node tasks (ids without their group's prefix), whose instances' states
+    say whether the run leaves a slot idle (``plan.waiting.leaves_a_slot_idle``)."""
+
+    slots: int = Field(ge=1)
+    tasks: list[str] = Field(min_length=1)
+
+
 class RunContext(Model):
     """What a node task needs of the session (XCom ``run`` of ``plan``): a few identifiers, where the
     run's nodes are, the step budget, and which nodes are reused. A reused node's locked output is
@@ -144,10 +153,10 @@ class RunContext(Model):
     budgets: Budgets = Field(default_factory=Budgets)
     steps_used: int = 0  # node executions of the earlier revisions
     reused: list[str] = Field(default_factory=list)  # locked nodes of this plan
-    # nodes started on the triggerer come to a slot as soon as their parents begin their tools (False:
-    # only once the parents finished or saved their results; the planning task's choice for the run,
-    # plan.waiting.slots_to_spare)
-    wait_near: bool = True
+    # nodes started on the triggerer come to a slot as soon as their parents begin their tools; in a run
+    # without slots to spare (plan.waiting.slots_to_spare, the planning task's choice for the run) only
+    # while the run leaves one of these slots idle, else once the parents finished or saved their results
+    near_while_idle: RunSlots | None = None
 
     def position(self, node_id: str) -> int | None:
         """The node's place in this revision's execution order (what the step budget counts); None for
@@ -166,7 +175,7 @@ class RunContext(Model):
             budgets=self.budgets,
             steps_used=self.steps_used,
             reused=[node_id] if node_id in self.reused else [],
-            wait_near=self.wait_near,
+            near_while_idle=self.near_while_idle,
         )
 
 

@@ -383,6 +383,7 @@ class WaitingPolicy:
         states: Iterable[str | None],
         free_deferral: bool = False,
         grandparents: Iterable[Iterable[str | None]] | None = None,
+        slot_idle: bool = True,
     ) -> Wait | None:
         """A deferred node's trigger, after a read of its parents' states: READY (every parent
         finished), MAKE_WAY (one needs a slot again: the node lets go of its task's cap), WAIT (the
@@ -394,7 +395,8 @@ class WaitingPolicy:
         ``grandparents``: for each parent (in the order of ``states``), its own parents' states; given
         only while the node may come back to wait (it has not in this try, and an earlier read of this
         trigger saw a parent wait on its own parents). WAIT when the parents run their tools
-        (:meth:`parents_run_tools`).
+        (:meth:`parents_run_tools`) and, in a run that counts its slots, one is idle (``slot_idle``,
+        :func:`leaves_a_slot_idle`).
 
         >>> WaitingPolicy().trigger_move(["success", "queued"]) is None
         True
@@ -405,6 +407,8 @@ class WaitingPolicy:
         <Wait.WAIT: 'wait'>
         >>> policy.trigger_move(["running"], grandparents=[["running"]]) is None
         True
+        >>> policy.trigger_move(["running"], grandparents=[["success"]], slot_idle=False) is None
+        True
         """
         states = list(states)
         kind = self.parents_wait(states, waited=0.0)
@@ -412,7 +416,7 @@ class WaitingPolicy:
             return None
         if kind in (Wait.READY, Wait.MAKE_WAY):
             return kind
-        if grandparents is not None and self.parents_run_tools(states, grandparents):
+        if grandparents is not None and slot_idle and self.parents_run_tools(states, grandparents):
             return Wait.WAIT
         return None
 
@@ -492,14 +496,33 @@ def slots_to_spare(nodes: int, layers: int, slots: int) -> bool:
     ``layers`` layers (topological generations) on ``slots`` slots runs in no fewer than ``layers`` nor
     ``nodes / slots`` rounds of tools of one length. Where the layers are more, slots idle while the
     front of the plan moves, and a node holding one while its parents run costs nothing; where the slots
-    are the bound (more nodes than ``slots`` times ``layers``), a slot held near a running parent is one a
-    ready node waits for. Nodes started on the triggerer come near their parents only where there are
-    slots to spare (:attr:`~airflow_plan_provider.plan.session.RunContext.wait_near`).
+    are the bound (more nodes than ``slots`` times ``layers``), a slot held near a running parent may be
+    one a ready node waits for. Nodes started on the triggerer come near their parents freely where there
+    are slots to spare, elsewhere only while their run leaves a slot idle (:func:`leaves_a_slot_idle`,
+    :attr:`~airflow_plan_provider.plan.session.RunContext.near_while_idle`).
 
     >>> slots_to_spare(nodes=20, layers=10, slots=4), slots_to_spare(nodes=200, layers=10, slots=4)
     (True, False)
     """
     return nodes <= slots * layers
+
+
+#: states of an instance that holds a slot or is next in line for one (scheduled: waiting for a slot)
+IN_LINE = frozenset({"scheduled", "queued", "running"})
+
+
+def leaves_a_slot_idle(states: Iterable[str | None], slots: int) -> bool:
+    """Whether a run whose node instances are in ``states`` leaves one of its ``slots`` idle: fewer of
+    them hold a slot or wait for one (:data:`IN_LINE`) than it has. Only then does a node of a run without
+    slots to spare (:func:`slots_to_spare`), started on the triggerer, come near its running parents:
+    the slot it takes is one no instance of its run would have used. Deferred instances hold none.
+
+    >>> leaves_a_slot_idle(["running", "deferred", "scheduled", "success"], slots=3)
+    True
+    >>> leaves_a_slot_idle(["running", "queued", "scheduled", "deferred"], slots=3)
+    False
+    """
+    return sum(state in IN_LINE for state in states) < slots
 
 
 def deferral_is_free(task_cap: int | None, task_size: int, pool_counts_deferred: bool) -> bool:

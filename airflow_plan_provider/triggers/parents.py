@@ -15,7 +15,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_plan_provider import compat
 from airflow_plan_provider.contract import NodeBrief
-from airflow_plan_provider.plan.waiting import FINISHED, Wait, WaitingPolicy
+from airflow_plan_provider.plan.session import RunSlots
+from airflow_plan_provider.plan.waiting import FINISHED, Wait, WaitingPolicy, leaves_a_slot_idle
 
 POLICY = WaitingPolicy()
 log = logging.getLogger(__name__)
@@ -61,6 +62,11 @@ class ParentsFinishedTrigger(BaseTrigger):
     :param grandparents: each parent instance → its own parents' instances (``<task id>_<map index>``),
         while the node may still come back to wait near its parents in this try; None: it waits to the
         end.
+    :param run_slots: in a run without slots to spare, its slots and node tasks
+        (:class:`~airflow_plan_provider.plan.session.RunSlots`, the tasks with the group's prefix): the
+        node comes back to wait near its parents only while fewer of those tasks' instances than the
+        slots hold or wait for one (:func:`~airflow_plan_provider.plan.waiting.leaves_a_slot_idle`; the
+        same read). None: as soon as its parents run their tools.
     :param seen_far: the node has not waited near its parents yet (it started on the triggerer,
         :class:`~airflow_plan_provider.triggers.start.NodeStartTrigger`): given ``grandparents``, it comes
         back to wait for them as soon as they run their tools, at the first read too.
@@ -83,6 +89,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         artifact_store: str | None = None,
         free_deferral: bool = False,
         grandparents: Mapping[str, list[str]] | None = None,
+        run_slots: Mapping[str, Any] | None = None,
         seen_far: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is not annotated
@@ -96,6 +103,7 @@ class ParentsFinishedTrigger(BaseTrigger):
         self.grandparents = (
             None if grandparents is None else {key: list(keys) for key, keys in grandparents.items()}
         )
+        self.run_slots = None if run_slots is None else RunSlots.model_validate(run_slots)
         self.seen_far = seen_far
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -110,6 +118,7 @@ class ParentsFinishedTrigger(BaseTrigger):
                 "artifact_store": self.artifact_store,
                 "free_deferral": self.free_deferral,
                 "grandparents": self.grandparents,
+                "run_slots": None if self.run_slots is None else self.run_slots.model_dump(mode="json"),
                 "seen_far": self.seen_far,
             },
         )
@@ -147,7 +156,10 @@ class ParentsFinishedTrigger(BaseTrigger):
             parents = parent_states(states, self.run_id, self.parents)
             grandparents = self._grandparent_states(states)
             move = POLICY.trigger_move(
-                parents, free_deferral=self._free(), grandparents=grandparents if seen_far else None
+                parents,
+                free_deferral=self._free(),
+                grandparents=grandparents if seen_far else None,
+                slot_idle=self._slot_idle(states),
             )
             seen_far = seen_far or (
                 grandparents is not None and not POLICY.parents_run_tools(parents, grandparents)
@@ -164,7 +176,20 @@ class ParentsFinishedTrigger(BaseTrigger):
         tasks = set(self.parents)
         for keys in (self.grandparents or {}).values():
             tasks.update(key.rpartition("_")[0] for key in keys)
+        if self.run_slots is not None and self.grandparents is not None:
+            tasks.update(self.run_slots.tasks)
         return sorted(tasks)
+
+    def _slot_idle(self, states: Mapping[str, Any]) -> bool:
+        """Whether the run leaves a slot idle for the node to wait near its parents in (always, in a run
+        that does not count its slots: ``run_slots`` None)."""
+        if self.run_slots is None:
+            return True
+        tasks = set(self.run_slots.tasks)
+        mine = states.get(self.run_id, {})
+        return leaves_a_slot_idle(
+            (state for key, state in mine.items() if key.rpartition("_")[0] in tasks), self.run_slots.slots
+        )
 
     def _grandparent_states(self, states: Mapping[str, Any]) -> list[list[str | None]] | None:
         """Each parent's own parents' states (in ``parents`` order), or None when the node does not come
@@ -223,9 +248,13 @@ def trigger_of_brief(
 ) -> ParentsFinishedTrigger:
     """The trigger node ``brief`` waits on for its parents, from its brief alone: their instances (task
     ids with the group's ``prefix``), their checkpoints' keys (``checkpoint_keys``: parent → key), and
-    unless the node ``came_back`` in this try, their own parents' instances (see
-    :class:`ParentsFinishedTrigger` for the rest)."""
+    unless the node ``came_back`` in this try, their own parents' instances and, in a run without slots
+    to spare, its slots and node tasks (see :class:`ParentsFinishedTrigger` for the rest)."""
     parent_ids = [parent.id for parent in brief.parents]
+    slots = brief.run.near_while_idle
+    run_slots = None
+    if slots is not None and not came_back:
+        run_slots = {"slots": slots.slots, "tasks": [prefix + task for task in slots.tasks]}
     return ParentsFinishedTrigger(
         dag_id=dag_id,
         run_id=run_id,
@@ -237,6 +266,7 @@ def trigger_of_brief(
         artifact_store=artifact_store,
         free_deferral=free_deferral,
         grandparents=None if came_back else brief.grandparent_keys(prefix),
+        run_slots=run_slots,
         seen_far=seen_far,
     )
 

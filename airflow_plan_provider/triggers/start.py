@@ -8,8 +8,8 @@ the triggerer. From those the trigger reads the node's brief (:class:`~airflow_p
 NodeBrief`, which the planning task publishes in groups for these tasks whatever their size) and then
 waits as a node deferred from its slot does (:class:`~.parents.ParentsFinishedTrigger`, whose
 ``seen_far`` has the node come back to a slot as soon as its parents run their tools; in a run without
-slots to spare, :attr:`~airflow_plan_provider.plan.session.RunContext.wait_near`, only once they finished
-or saved their results). The node resumes
+slots to spare, :attr:`~airflow_plan_provider.plan.session.RunContext.near_while_idle`, only while the run
+leaves a slot idle). The node resumes
 in :meth:`~airflow_plan_provider.operators.node.PlanNodeOperator.resume_after_parents` with that
 trigger's event, and from there runs as any node does.
 """
@@ -81,10 +81,9 @@ class NodeStartTrigger(BaseTrigger):
     def waiting(self, ti: Any, brief: NodeBrief) -> ParentsFinishedTrigger:
         """The wait of node ``brief`` (task instance ``ti``) for its parents: what a node deferred from
         its slot waits on (:func:`~.parents.trigger_of_brief`), coming back to a slot as soon as its
-        parents run their tools where its run has slots to spare (``brief.run.wait_near``), else once
-        they finished or saved their results (as a node that came back once already). Its deferral
-        holds nothing (``start_on_triggerer`` needs no task cap and no pool counting deferred
-        instances)."""
+        parents run their tools (in a run without slots to spare, ``brief.run.near_while_idle``, only
+        while the run leaves a slot idle). Its deferral holds nothing (``start_on_triggerer`` needs no
+        task cap and no pool counting deferred instances)."""
         prefix = _group_prefix(ti.task_id)
         scope = key_scope(ti.dag_id, prefix.rstrip("."))
         return trigger_of_brief(
@@ -96,7 +95,7 @@ class NodeStartTrigger(BaseTrigger):
             checkpoint_keys=brief.parent_keys(scope, ti.run_id) if self.checkpoints else {},
             artifact_store=self.artifact_store,
             free_deferral=True,
-            came_back=not brief.run.wait_near,
+            came_back=False,
             seen_far=True,
         )
 

@@ -246,21 +246,28 @@ class Simulation:
         yields_after: float = 0.0,
         starts_deferred: str | None = None,
         near_within: float | None = None,
+        near_if_idle: str | None = None,
         chain_lanes: bool = False,
         chain_lanes_up_to: int | None = None,
     ) -> None:
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
         # when its parents run their tools), "ready" (when they finished or saved their checkpoints), or
-        # "near where slots are many" (the package's rule, plan.waiting.slots_to_spare: "ready" in a
-        # run whose plan has more nodes than its layers times its slots, "near" otherwise; the runs
-        # without slots to spare are weighed by descendant places, as the package's planning task
-        # weighs them); None: each node starts in a slot
+        # "near where slots are many" (plan.waiting.slots_to_spare: "ready" in a run whose plan has more
+        # nodes than its layers times its slots, or with ``near_if_idle`` "spare-less" near while a slot
+        # is idle, the package's rule; "near" otherwise; the runs without slots to spare are weighed by
+        # descendant places, as the package's planning task weighs them); None: each node starts in a slot
         self.starts_deferred = starts_deferred
         # an oracle: a deferred node's trigger has it come back to wait in a slot only once every parent
         # it waits for is due to end its tool within ``near_within`` seconds (None: as soon as they run
         # their tools, WaitingPolicy.trigger_move's WAIT)
         self.near_within = near_within
+        # a deferred node's trigger has it come back to wait in a slot only while its run leaves a slot
+        # idle: fewer of its instances queued, running (and, "...+scheduled", scheduled) than the run's
+        # slots (one read of the run's node tasks' states); else it reads again a poll later. "all": in
+        # every run; "spare-less": only in the runs without slots to spare, whose nodes then come near
+        # too (the others come near freely); None: never
+        self.near_if_idle = near_if_idle
         # an oracle no node has: a waiting node that sees a ready node of its run without a slot defers
         # ("far": only when its parents wait on their own parents; "all": always); "scheduled": what a node
         # can see in one count of its run's instances (Airflow's task instance count by state), it defers
@@ -563,7 +570,8 @@ class Simulation:
         """The scheduler defers the instance as it schedules it (``start_from_trigger``): its trigger
         reads its parents from the triggerer's pick-up on, and it takes a slot only when resumed ("near":
         its trigger may have it come back at once; "ready": never)."""
-        near = self.starts_deferred != "ready" and ti.run.index in self.near_runs
+        run = ti.run
+        near = self.starts_deferred != "ready" and (run.index in self.near_runs or self._near_gated(run))
         ti.came_back = not near
         self._defer(ti, seen_far=near)
 
@@ -832,6 +840,13 @@ class Simulation:
                 kind = None
                 if due < math.inf:
                     self.at(due - self.near_within, self._trigger, ti, ti.token)
+        if kind is Wait.WAIT and self._near_gated(run):
+            scheduled = 0
+            if self.near_if_idle.endswith("+scheduled"):  # type: ignore[union-attr]
+                scheduled = sum(n for (index, _), n in self.scheduled_per.items() if index == run.index)
+            if run.dag_active + scheduled >= min(self.caps.dag_cap, self.caps.parallelism):
+                kind = None
+                self.at(self.now + self.policy.trigger_poll, self._trigger, ti, ti.token)
         if kind is Wait.WAIT:
             ti.came_back = True
             self.out.moves["came_back"] = self.out.moves.get("came_back", 0) + 1
@@ -852,6 +867,12 @@ class Simulation:
             ti.pace = self.policy.checkpoint_poll
             ti.awaited = [p for p in run.plan.parents[ti.node] if run.tis[p].state not in FINISHED]
             self._trigger_look(ti)
+
+    def _near_gated(self, run: Run) -> bool:
+        """Whether a node of ``run`` comes near its parents only while the run leaves a slot idle."""
+        if self.near_if_idle is None:
+            return False
+        return self.near_if_idle.startswith("all") or run.index not in self.near_runs
 
     def _trigger_look(self, ti: Ti) -> None:
         """A deferred node's trigger that saw every unfinished parent running looks for their

@@ -350,12 +350,33 @@ for _up_to in (4, 8):
         f"chains as mapped task groups weighed by descendants up to cap {_up_to}, start_on_triggerer near"
         " above"
     ] = _engine(starts_deferred="near", node_weights="descendant places from cap 4", chain_lanes_up_to=_up_to)
-#: the package's NodeExecution(start_on_triggerer=True) as built: nodes come near their parents where
-#: the run has slots to spare, else when ready, weighed by descendants; the mechanism the held-out check
-#: predicts the plan DAG started on the triggerer with (bench/plan_dags.py --start-on-triggerer)
-STARTED_AS_BUILT = "start_on_triggerer: near where slots are to spare (nodes <= slots x layers), else ready"
-MECHANISMS[STARTED_AS_BUILT] = _engine(
+#: NodeExecution(start_on_triggerer=True) before the runs without slots to spare had their nodes come
+#: near while a slot is idle: there they came to a slot only when ready, weighed by descendants
+STARTED_READY_WITHOUT_SPARE = (
+    "start_on_triggerer: near where slots are to spare (nodes <= slots x layers), else ready"
+)
+MECHANISMS[STARTED_READY_WITHOUT_SPARE] = _engine(
     starts_deferred="near where slots are many", node_weights="descendant places from cap 4"
+)
+for _gate, _counted in (("all", "in a slot"), ("all+scheduled", "in or waiting for a slot")):
+    MECHANISMS[
+        f"start_on_triggerer: near only while fewer of the run's nodes than its slots are {_counted}"
+    ] = _engine(starts_deferred="near", node_weights="descendant places from cap 4", near_if_idle=_gate)
+    MECHANISMS[
+        "start_on_triggerer: near where slots are to spare, else near only while fewer of the run's nodes"
+        f" than its slots are {_counted}"
+    ] = _engine(
+        starts_deferred="near where slots are many",
+        node_weights="descendant places from cap 4",
+        near_if_idle=_gate.replace("all", "spare-less"),
+    )
+#: the package's NodeExecution(start_on_triggerer=True) as built: nodes come near their parents where
+#: the run has slots to spare, else only while fewer of the run's node instances than its slots hold or
+#: wait for one (plan.waiting.leaves_a_slot_idle), weighed by descendants there; the mechanism the
+#: held-out check predicts the plan DAG started on the triggerer with (plan_dags.py --start-on-triggerer)
+STARTED_AS_BUILT = (
+    "start_on_triggerer: near where slots are to spare, else near only while fewer of the run's nodes"
+    " than its slots are in or waiting for a slot"
 )
 #: an oracle row of :func:`try_mechanisms`: each plan run by whichever of these two ran it faster
 BEST_OF = (STARTED_NEAR_ALWAYS, "start on the triggerer, take a slot ready, weight descendants")

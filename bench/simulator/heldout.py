@@ -7,9 +7,8 @@ and static DAG where measured) are predicted. Generated plans measured on a real
 --family ... --json FILE``: plan DAG and static DAG side by side) are predicted too, with
 :data:`~.model.CALIBRATED` (fitted to every bench figure, none of them generated); where the run also
 measured the plan DAG started on the triggerer (``--start-on-triggerer``), that DAG is predicted with the
-simulator's model of it (:data:`~.families.STARTED_AS_BUILT`, or for a record measured before
-:data:`SLOTS_TO_SPARE_SINCE` the build it measured, :data:`~.families.STARTED_NEAR_ALWAYS`) in a row of
-its own. Reported per plan:
+simulator's model of it (:data:`~.families.STARTED_AS_BUILT`, or for a record measured by an earlier
+build that build's, :data:`STARTED_BUILDS`) in a row of its own. Reported per plan:
 the makespan error (simulated / measured - 1), plan DAG and static DAG, and the error of the
 plan/static ratio (simulated ratio - measured ratio). Targets (issue 42): makespan within 5 %, ratio
 within 0.03.
@@ -27,7 +26,12 @@ from airflow_plan_provider.plan.waiting import WaitingPolicy
 from bench.plan_families import generate
 from bench.simulator.calibrate import RANGES, calibrate, figures
 from bench.simulator.engine import simulate
-from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT, STARTED_NEAR_ALWAYS
+from bench.simulator.families import (
+    MECHANISMS,
+    STARTED_AS_BUILT,
+    STARTED_NEAR_ALWAYS,
+    STARTED_READY_WITHOUT_SPARE,
+)
 from bench.simulator.model import CALIBRATED, Costs
 from bench.simulator.plans import bench_plans
 
@@ -87,16 +91,23 @@ def bench_errors() -> list[dict[str, Any]]:
 #: :data:`~.families.MECHANISMS` that models the build it was started with)
 Measured = tuple[str, str, float, float, float | None, str]
 
-#: a record of plans started on the triggerer dated before this was measured with every node coming near
-#: its parents (:data:`~.families.STARTED_NEAR_ALWAYS`); from then on, near only where the run has slots
-#: to spare (``plan.waiting.slots_to_spare``)
-SLOTS_TO_SPARE_SINCE = "2026-12-06T23:00"
+#: the start on the triggerer's builds, each with the date (ISO, UTC) from which records measured it:
+#: every node came near its parents (:data:`~.families.STARTED_NEAR_ALWAYS`); then near only where the run
+#: has slots to spare (``plan.waiting.slots_to_spare``), elsewhere ready; then elsewhere near only while
+#: the run leaves a slot idle (``plan.waiting.leaves_a_slot_idle``)
+STARTED_BUILDS = (
+    ("", STARTED_NEAR_ALWAYS),
+    ("2026-12-06T23:00", STARTED_READY_WITHOUT_SPARE),
+    ("2026-12-07T03:00", STARTED_AS_BUILT),
+)
 
 
 def started_mechanism(date: str | None) -> str:
     """The mechanism that models the start on the triggerer of a measurement made at ``date`` (ISO; None:
     the current build)."""
-    return STARTED_NEAR_ALWAYS if date is not None and date < SLOTS_TO_SPARE_SINCE else STARTED_AS_BUILT
+    if date is None:
+        return STARTED_AS_BUILT
+    return [mechanism for since, mechanism in STARTED_BUILDS if since <= date][-1]
 
 
 def measured_families(paths: Iterable[Path]) -> list[Measured]:

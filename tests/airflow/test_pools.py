@@ -219,6 +219,7 @@ def test_parents_trigger_waits_on_several_tasks() -> None:
         "artifact_store": None,
         "free_deferral": False,
         "grandparents": None,
+        "run_slots": None,
         "seen_far": False,
     }
     states = {

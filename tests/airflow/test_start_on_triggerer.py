@@ -29,7 +29,7 @@ from airflow_plan_provider.contract import (
     select_task_id,
 )
 from airflow_plan_provider.operators.node import _started_because
-from airflow_plan_provider.plan.session import RunContext
+from airflow_plan_provider.plan.session import RunContext, RunSlots
 from airflow_plan_provider.plan.validate import validate_plan
 from airflow_plan_provider.testing import CallLog
 from airflow_plan_provider.testing.in_process import run_plan_dag
@@ -189,13 +189,14 @@ def test_with_four_slots_or_more_nodes_started_on_the_triggerer_are_weighed_by_t
 
 @needs_feature
 @pytest.mark.airflow
-def test_a_run_without_slots_to_spare_has_its_nodes_started_on_the_triggerer_come_ready_by_descendants(
+def test_a_run_without_slots_to_spare_has_its_nodes_started_on_the_triggerer_come_near_only_to_idle_slots(
     tmp_path: Any,
 ) -> None:
     """Five nodes in three layers on one slot: more nodes than slots times layers, so the run's context
-    and the after task's briefs say the nodes come to their slot only once their parents finished
-    (``wait_near`` False), and the instances are weighed by descendants below four slots too. The same
-    plan on two slots waits near (the places test above)."""
+    and the after task's briefs carry the run's slots and node tasks (``near_while_idle``: its nodes come
+    near their parents only while the run leaves a slot idle), and the instances are weighed by
+    descendants below four slots too. The same plan on two slots comes near freely (the places test
+    above)."""
     dag = build(
         "started_no_slot_to_spare",
         CallLog(tmp_path),
@@ -206,22 +207,32 @@ def test_a_run_without_slots_to_spare_has_its_nodes_started_on_the_triggerer_com
     )
     run = run_plan_dag(dag)
     assert str(run.state) == "success"
-    assert xcom(run, PLAN_TASK, key=RUN_CONTEXT_KEY)["wait_near"] is False
+    counted = {"slots": 1, "tasks": [NODES_TASK, AFTER]}
+    assert xcom(run, PLAN_TASK, key=RUN_CONTEXT_KEY)["near_while_idle"] == counted
     assert xcom(run, PLAN_TASK, key=PLACES_KEY) == {NODES_TASK: [0, 2, 3], AFTER: [1, 4]}
     group = xcom(run, PLAN_TASK, key=briefs_key(AFTER, 0))
-    assert [NodeBrief.model_validate(b).run.wait_near for b in group] == [False, False]
+    briefs = [NodeBrief.model_validate(b) for b in group]
+    assert [b.run.near_while_idle.model_dump() for b in briefs if b.run.near_while_idle] == [counted, counted]
 
 
-def test_the_start_trigger_of_a_run_without_slots_to_spare_waits_for_its_parents_to_finish() -> None:
-    """``wait_near`` False: the trigger is given no grandparents, so it never has the node come back to
-    a slot while its parents run (only ``ready``, once they finished or saved their results)."""
+def test_the_start_trigger_of_a_run_without_slots_to_spare_counts_the_runs_slots() -> None:
+    """``near_while_idle``: the trigger is given the run's slots and its node tasks with the group's
+    prefix, so it has the node come back near its running parents only while the run leaves a slot
+    idle; a run with slots to spare gives none."""
     plan = validate_plan(MIXED_PLAN)
-    run = RunContext(lanes={"e": "after", "f": f"{API}__after", "g": "after"}, wait_near=False)
-    ti = _TriggerTi(f"grp.{AFTER}", 1, {briefs_key(AFTER, 0): node_briefs(plan, run)[AFTER]})
+    lanes = {"e": "after", "f": f"{API}__after", "g": "after"}
+    tasks = [NODES_TASK, lane_task_id(API), AFTER, lane_task_id(after_lane(API))]
+    counted = RunContext(lanes=lanes, near_while_idle=RunSlots(slots=3, tasks=tasks))
     trigger = NodeStartTrigger()
-    brief = asyncio.run(trigger._brief(ti))
-    assert brief is not None and brief.run.wait_near is False
-    assert trigger.waiting(ti, brief).serialize()[1]["grandparents"] is None
+    for run, expected in [
+        (counted, {"slots": 3, "tasks": [f"grp.{task}" for task in tasks]}),
+        (RunContext(lanes=lanes), None),
+    ]:
+        ti = _TriggerTi(f"grp.{AFTER}", 1, {briefs_key(AFTER, 0): node_briefs(plan, run)[AFTER]})
+        brief = asyncio.run(trigger._brief(ti))
+        assert brief is not None
+        kwargs = trigger.waiting(ti, brief).serialize()[1]
+        assert kwargs["run_slots"] == expected and kwargs["grandparents"] is not None
 
 
 def test_the_start_trigger_reads_its_nodes_brief_and_waits_as_a_deferred_node_does() -> None:

@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from airflow_plan_provider.contract import APPROVE_TASK, NODE_KEY, NODES_TASK, REPLAN_TASK, lane_task_id
+from airflow_plan_provider.contract import (
+    APPROVE_TASK,
+    NODE_KEY,
+    NODES_TASK,
+    REPLAN_TASK,
+    after_lane,
+    lane_task_id,
+)
 from airflow_plan_provider.exceptions import TriggerEventError
 from airflow_plan_provider.tools.jobs import JobStatus, callable_path
 from airflow_plan_provider.triggers.job import ToolJobTrigger
@@ -173,6 +180,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         artifact_store="s3://bucket/plans",
         free_deferral=True,
         grandparents={f"{NODES_TASK}_0": [f"{lane_task_id('api')}_0"], f"{NODES_TASK}_2": []},
+        run_slots={"slots": 4, "tasks": [NODES_TASK, lane_task_id("api")]},
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plan_provider.triggers.parents.ParentsFinishedTrigger"
@@ -185,6 +193,7 @@ def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
         "artifact_store": "s3://bucket/plans",
         "free_deferral": True,
         "grandparents": {f"{NODES_TASK}_0": [f"{lane_task_id('api')}_0"], f"{NODES_TASK}_2": []},
+        "run_slots": {"slots": 4, "tasks": [NODES_TASK, lane_task_id("api")]},
         "seen_far": False,
     }
     rebuilt = through_the_database(trigger)
@@ -276,6 +285,44 @@ def test_parents_trigger_has_the_node_come_back_once_its_parents_start_their_too
     answers, asked[:] = iter([near, near, done]), []
     assert [e.payload for e in events_of(trigger)] == [{"status": "ready"}]
     assert len(asked) == 3
+
+
+def test_parents_trigger_of_a_run_without_slots_to_spare_has_the_node_come_back_only_to_an_idle_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given the run's slots and node tasks (``run_slots``), one read of those tasks says how many of
+    the run's instances hold or wait for a slot: the node comes back near its parents, which run their
+    tools, only once fewer of them than the slots do; deferred and finished instances hold none."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    lane, after = lane_task_id("api"), lane_task_id(after_lane(None))
+    parent_runs_tool = {f"{NODES_TASK}_1": "running", f"{lane}_0": "success"}
+    full = parent_runs_tool | {f"{NODES_TASK}_2": "scheduled", f"{NODES_TASK}_3": "deferred"}
+    idle = parent_runs_tool | {f"{NODES_TASK}_2": "success", f"{NODES_TASK}_3": "deferred"}
+    answers = iter([full, full, idle])
+    asked: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        asked.append(query)
+        return {"manual__1": next(answers)}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    trigger = ParentsFinishedTrigger(
+        dag_id="plan_dag",
+        run_id="manual__1",
+        parents={NODES_TASK: [1]},
+        poll_interval=0.01,
+        grandparents={f"{NODES_TASK}_1": [f"{lane}_0"]},
+        run_slots={"slots": 2, "tasks": [NODES_TASK, lane, after]},
+        seen_far=True,
+    )
+    rebuilt = ParentsFinishedTrigger(**trigger.serialize()[1])
+    assert rebuilt.serialize() == trigger.serialize()
+    assert [e.payload for e in events_of(rebuilt)] == [{"status": "wait"}]
+    assert len(asked) == 3
+    assert asked[0]["task_ids"] == sorted([NODES_TASK, lane, after])
+    with pytest.raises(ValueError, match="slots"):
+        ParentsFinishedTrigger(dag_id="d", run_id="r", parents={}, run_slots={"slots": 0, "tasks": ["n"]})
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,13 @@ def test_durations_and_lanes_per_family() -> None:
     assert not generate("local", 1, 100, 8).lanes
 
 
+def test_a_plan_drawn_from_its_seed_is_the_plan_its_name_gives() -> None:
+    for drawn in sample(40):
+        family, seed, size, cap = drawn.name.split("-")
+        named = generate(family, int(seed[1:]), int(size[1:]), int(cap[1:]))
+        assert (named.parents(), named.seconds, named.lanes) == (drawn.parents(), drawn.seconds, drawn.lanes)
+
+
 def test_a_sample_covers_every_family_and_cap() -> None:
     plans = sample(len(FAMILIES) * len(CAPS))
     assert {(p.family, p.cap) for p in plans} == {(f, c) for f in FAMILIES for c in CAPS}
@@ -52,7 +59,7 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
     triggerer where the run measured it)."""
     import json
 
-    from bench.simulator.families import STARTED_AS_BUILT, STARTED_NEAR_ALWAYS
+    from bench.simulator.families import STARTED_AS_BUILT, STARTED_NEAR_ALWAYS, STARTED_READY_WITHOUT_SPARE
     from bench.simulator.heldout import measured_families
 
     run = {
@@ -92,6 +99,8 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
         == measured_families([tmp_path / "record.json"])
         == expected
     )
-    # a record measured before the start on the triggerer chose near per run: the build it measured
+    # a record measured by an earlier build of the start on the triggerer: the build it measured
     (tmp_path / "record.json").write_text(json.dumps(record | {"date": "2026-12-06T14:00"}))
     assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_NEAR_ALWAYS}
+    (tmp_path / "record.json").write_text(json.dumps(record | {"date": "2026-12-07T00:19"}))
+    assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_READY_WITHOUT_SPARE}
