@@ -152,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_families(args: argparse.Namespace) -> int:
     """``--families N`` (and ``--mechanisms``): print the distributions, write ``--json``."""
-    command = f"python bench/simulate.py --families {args.families}" + (
-        " --mechanisms" + "".join(f" --only {part!r}" for part in args.only) if args.mechanisms else ""
+    command = (
+        f"python bench/simulate.py --families {args.families}"
+        + (f" --seed {args.seed}" if args.seed else "")
+        + (" --mechanisms" + "".join(f" --only {part!r}" for part in args.only) if args.mechanisms else "")
     )
     if args.mechanisms:
         tried = families.try_mechanisms(args.families, args.seed, args.only)

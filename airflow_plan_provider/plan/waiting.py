@@ -383,7 +383,6 @@ class WaitingPolicy:
         states: Iterable[str | None],
         free_deferral: bool = False,
         grandparents: Iterable[Iterable[str | None]] | None = None,
-        slot_idle: bool = True,
     ) -> Wait | None:
         """A deferred node's trigger, after a read of its parents' states: READY (every parent
         finished), MAKE_WAY (one needs a slot again: the node lets go of its task's cap), WAIT (the
@@ -395,8 +394,8 @@ class WaitingPolicy:
         ``grandparents``: for each parent (in the order of ``states``), its own parents' states; given
         only while the node may come back to wait (it has not in this try, and an earlier read of this
         trigger saw a parent wait on its own parents). WAIT when the parents run their tools
-        (:meth:`parents_run_tools`) and, in a run that counts its slots, one is idle (``slot_idle``,
-        :func:`leaves_a_slot_idle`).
+        (:meth:`parents_run_tools`); in a run without slots to spare, the trigger takes that WAIT only
+        while the run leaves a slot idle (:func:`leaves_a_slot_idle`).
 
         >>> WaitingPolicy().trigger_move(["success", "queued"]) is None
         True
@@ -407,8 +406,6 @@ class WaitingPolicy:
         <Wait.WAIT: 'wait'>
         >>> policy.trigger_move(["running"], grandparents=[["running"]]) is None
         True
-        >>> policy.trigger_move(["running"], grandparents=[["success"]], slot_idle=False) is None
-        True
         """
         states = list(states)
         kind = self.parents_wait(states, waited=0.0)
@@ -416,7 +413,7 @@ class WaitingPolicy:
             return None
         if kind in (Wait.READY, Wait.MAKE_WAY):
             return kind
-        if grandparents is not None and slot_idle and self.parents_run_tools(states, grandparents):
+        if grandparents is not None and self.parents_run_tools(states, grandparents):
             return Wait.WAIT
         return None
 

@@ -129,7 +129,7 @@ class ParentsFinishedTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
             yield TriggerEvent({"status": Wait.READY.value})
             return
-        failures, failing_since = 0, 0.0
+        failures, failing_since, held = 0, 0.0, False
         seen_far = self.seen_far  # a read saw a parent wait on its own parents: the node may come back
         while True:
             try:
@@ -155,12 +155,17 @@ class ParentsFinishedTrigger(BaseTrigger):
                 failures = 0
             parents = parent_states(states, self.run_id, self.parents)
             grandparents = self._grandparent_states(states)
-            move = POLICY.trigger_move(
-                parents,
-                free_deferral=self._free(),
-                grandparents=grandparents if seen_far else None,
-                slot_idle=self._slot_idle(states),
-            )
+            near = grandparents if seen_far else None
+            move = POLICY.trigger_move(parents, free_deferral=self._free(), grandparents=near)
+            if move is Wait.WAIT and not self._slot_idle(states):
+                move = None
+                if not held:
+                    held = True
+                    log.info(
+                        "its parents run their tools, but the run's %d slots are all taken or waited"
+                        " for: it comes near them once one is idle",
+                        self.run_slots.slots if self.run_slots else 0,
+                    )
             seen_far = seen_far or (
                 grandparents is not None and not POLICY.parents_run_tools(parents, grandparents)
             )

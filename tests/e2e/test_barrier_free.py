@@ -1,5 +1,6 @@
 """Barrier-free nodes on a real scheduler (LocalExecutor, SQLite): a node starts when its own parents
-finish, a deferred node comes back to wait once its parents start their tools, a cap smaller than the
+finish, a deferred node comes back to wait once its parents start their tools (started on the
+triggerer, in a run without slots to spare only to an idle slot), a cap smaller than the
 plan's width with a retrying parent does not deadlock, sessions sharing a pool run in turn, and
 concurrent runs on SQLite complete while another writer holds the database lock
 for longer than an API request's default timeout."""
@@ -45,6 +46,7 @@ DAGS = (
     "e2e_comes_back",
     "e2e_lanes_in_order",
     "e2e_started_on_triggerer",
+    "e2e_started_without_spare",
 )
 AFTER = lane_task_id(after_lane(None))  # the default lane's nodes that start on the triggerer
 LOCKED = "database is locked"
@@ -145,6 +147,34 @@ def test_nodes_with_parents_start_on_the_triggerer_and_come_to_a_slot_near_their
     assert "started on the triggerer; its parents run their tools" in logs["b"], logs["b"]
     roots = airflow.task_log(dag_id, run_id, NODES_TASK, try_number=1, map_index=0)
     assert "started on the triggerer" not in roots
+
+
+def test_in_a_run_without_slots_to_spare_a_started_node_comes_near_its_parents_only_to_an_idle_slot(
+    cluster: tuple[AirflowCluster, Path],
+) -> None:
+    """Two slots, seven nodes in three layers: a (30 s) -> b -> c beside four 2 s roots. b, weighed
+    before the roots (it has a descendant), would take the slot the first root frees; instead its
+    trigger sees the run's two slots held or waited for by a and the roots, says so in b's log, and has
+    b come near a only once the last root ended, while a still runs its tool."""
+    from datetime import datetime
+
+    airflow, calls = cluster
+    dag_id = "e2e_started_without_spare"
+    run_id = airflow.trigger(dag_id, {"goal": "without slots to spare"})
+    assert airflow.wait_for_run(dag_id, run_id, timeout=300) == "success"
+    context = airflow.xcom(dag_id, run_id, PLAN_TASK, key=RUN_CONTEXT_KEY)
+    assert context["near_while_idle"] == {"slots": 2, "tasks": [NODES_TASK, AFTER]}
+    log = CallLog(calls / dag_id)
+    nodes = ["a", "r1", "r2", "r3", "r4", "b", "c"]
+    assert {n: log.count(node=n) for n in nodes} == dict.fromkeys(nodes, 1)
+    a, b = times(log, "a"), times(log, "b")
+    last_root = max(times(log, f"r{i}")["end"] for i in range(1, 5))
+    text = airflow.task_log(dag_id, run_id, AFTER, try_number=1, map_index=0)
+    came = [line for line in text.splitlines() if "on the triggerer; its parents run their tools" in line]
+    assert came, text
+    when = datetime.fromisoformat(came[0].split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+    assert last_root <= when < a["end"] <= b["start"], (last_root, when, a["end"])
+    assert "slots are all taken or waited for" in text, text
 
 
 @pytest.mark.parametrize(

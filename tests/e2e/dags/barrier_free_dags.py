@@ -209,3 +209,32 @@ e2e_started_on_triggerer = build_plan_dag(
     replan=False,
     max_active_tasks=2,
 )
+
+# the same start on two slots, in a run without slots to spare (7 nodes > 2 slots x 3 layers): b, second
+# by descendants, waits on the triggerer while the roots take or wait for both slots, and comes near a
+# (still running its tool) once the last root ended and a slot is idle
+WITHOUT_SPARE = {
+    "goal": "started on the triggerer without slots to spare",
+    "nodes": [
+        {"id": "a", "action": "long root", "tool": "long"},
+        *({"id": f"r{i}", "action": f"root {i}", "tool": "root"} for i in range(1, 5)),
+        {"id": "b", "action": "after a", "tool": "quick", "dependencies": ["a"]},
+        {"id": "c", "action": "after b", "tool": "quick", "dependencies": ["b"]},
+    ],
+}
+
+_log = call_log("e2e_started_without_spare")
+e2e_started_without_spare = build_plan_dag(
+    "e2e_started_without_spare",
+    planner=ScriptedPlanner(WITHOUT_SPARE),
+    tools=scripted_registry(
+        ScriptedTool("long", log=_log, returns="a", sleep=30),
+        ScriptedTool("root", log=_log, returns="r", sleep=2),
+        ScriptedTool("quick", log=_log, returns="q", sleep=0.2),
+    ),
+    execution=NodeExecution(
+        max_active_nodes=None, retries=0, pools_count_deferred=False, start_on_triggerer=True
+    ),
+    replan=False,
+    max_active_tasks=2,
+)
