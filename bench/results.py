@@ -97,11 +97,15 @@ def load(folder: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def beside(path: Path, question: str) -> Path:
-    """The file of a measurement of ``question`` taken today (UTC), in ``path``'s folder: named as
-    :func:`load` expects (one family's row beside its run's own record, say)."""
+    """A new file for a measurement of ``question`` taken today (UTC), in ``path``'s folder: named as
+    :func:`load` expects (one family's row beside its run's own record, say), numbered after the day's
+    earlier measurements of the question, which it never overwrites."""
+    import itertools
     import time
 
-    return path.with_name(f"{time.strftime('%Y-%m-%d', time.gmtime())}-{question}.json")
+    stem = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{question}"
+    names = itertools.chain([f"{stem}.json"], (f"{stem}-{n}.json" for n in itertools.count(1)))
+    return next(path.with_name(name) for name in names if not path.with_name(name).exists())
 
 
 def head_commit() -> str | None:

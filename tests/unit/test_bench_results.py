@@ -108,3 +108,16 @@ def test_history_lists_a_question_oldest_first() -> None:
     assert lines == sorted(lines)
     with pytest.raises(ValueError):
         results.history("no-such-question")
+
+
+def test_a_days_second_measurement_of_a_question_gets_a_file_of_its_own(tmp_path: Path) -> None:
+    first = results.beside(tmp_path / "run.json", "families-airflow-fan")
+    first.write_text("{}")
+    second = results.beside(tmp_path / "run.json", "families-airflow-fan")
+    second.write_text("{}")
+    third = results.beside(tmp_path / "run.json", "families-airflow-fan")
+    assert first.name.endswith("-families-airflow-fan.json")
+    assert (second.name, third.name) == (
+        first.name.replace(".json", "-1.json"),
+        first.name.replace(".json", "-2.json"),
+    )
