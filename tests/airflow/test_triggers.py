@@ -170,6 +170,24 @@ def test_job_trigger_keeps_polling_until_its_deadline(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- ParentsFinishedTrigger
 
 
+def answer_reads(
+    monkeypatch: pytest.MonkeyPatch, run_id: str, answers: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Have the Task SDK's task states read (a request to Airflow's API server) answer with the first
+    of ``answers`` (one run's states, ``run_id``'s), taking it off the list; the queries it was asked,
+    as they come."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    asked: list[dict[str, Any]] = []
+
+    def get_task_states(**query: Any) -> dict[str, Any]:
+        asked.append(query)
+        return {run_id: answers.pop(0)}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    return asked
+
+
 def test_parents_trigger_serializes_to_what_rebuilds_it() -> None:
     trigger = ParentsFinishedTrigger(
         dag_id="plan_dag",
@@ -257,20 +275,12 @@ def test_parents_trigger_has_the_node_come_back_once_its_parents_start_their_too
     parent, seen waiting on its own parents before, runs with its own parents finished. Parents that ran
     their tools at the first read already (the node deferred on them past its in-slot bound) are waited
     for to the end."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
     lane = lane_task_id("api")
     far = {f"{NODES_TASK}_1": "running", f"{lane}_0": "running"}  # the parent waits on its own parent
     near = {f"{NODES_TASK}_1": "running", f"{lane}_0": "success"}  # the parent runs its tool
     done = {f"{NODES_TASK}_1": "success", f"{lane}_0": "success"}
-    answers = iter([far, near, done])
-    asked: list[dict[str, Any]] = []
-
-    def get_task_states(**query: Any) -> dict[str, Any]:
-        asked.append(query)
-        return {"manual__1": next(answers)}
-
-    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    answers = [far, near, done]
+    asked = answer_reads(monkeypatch, "manual__1", answers)
     trigger = ParentsFinishedTrigger(
         dag_id="plan_dag",
         run_id="manual__1",
@@ -282,7 +292,7 @@ def test_parents_trigger_has_the_node_come_back_once_its_parents_start_their_too
     assert len(asked) == 2
     assert asked[0]["task_ids"] == sorted([NODES_TASK, lane])
     validate_parents_event({"status": "wait"})
-    answers, asked[:] = iter([near, near, done]), []
+    answers[:], asked[:] = [near, near, done], []
     assert [e.payload for e in events_of(trigger)] == [{"status": "ready"}]
     assert len(asked) == 3
 
@@ -293,20 +303,11 @@ def test_parents_trigger_of_a_run_without_slots_to_spare_has_the_node_come_back_
     """Given the run's slots and node tasks (``run_slots``), one read of those tasks says how many of
     the run's instances hold or wait for a slot: the node comes back near its parents, which run their
     tools, only once fewer of them than the slots do; deferred and finished instances hold none."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
     lane, after = lane_task_id("api"), lane_task_id(after_lane(None))
     parent_runs_tool = {f"{NODES_TASK}_1": "running", f"{lane}_0": "success"}
     full = parent_runs_tool | {f"{NODES_TASK}_2": "scheduled", f"{NODES_TASK}_3": "deferred"}
     idle = parent_runs_tool | {f"{NODES_TASK}_2": "success", f"{NODES_TASK}_3": "deferred"}
-    answers = iter([full, full, idle])
-    asked: list[dict[str, Any]] = []
-
-    def get_task_states(**query: Any) -> dict[str, Any]:
-        asked.append(query)
-        return {"manual__1": next(answers)}
-
-    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    asked = answer_reads(monkeypatch, "manual__1", [full, full, idle])
     trigger = ParentsFinishedTrigger(
         dag_id="plan_dag",
         run_id="manual__1",
