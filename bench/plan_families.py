@@ -184,12 +184,6 @@ BUILDERS: dict[str, Callable[[random.Random, int], tuple[Parents, dict[str, floa
 }
 
 
-def drawn_size(family: str, seed: int) -> int:
-    """The size of plan ``seed`` of ``family`` when none is given: log-uniform over :data:`SIZES`."""
-    rng = random.Random(f"{family}:{seed}")
-    return round(math.exp(rng.uniform(math.log(SIZES[0]), math.log(SIZES[1]))))
-
-
 def generate(family: str, seed: int, size: int | None = None, cap: int | None = None) -> Generated:
     """Plan ``seed`` of ``family`` (see the module docstring); ``size`` nodes and DAG cap ``cap``, or
     drawn from the seed when not given. The size and cap are drawn apart from the plan's shape, so a plan
@@ -198,7 +192,8 @@ def generate(family: str, seed: int, size: int | None = None, cap: int | None = 
         raise ValueError(f"family must be one of {FAMILIES}, not {family!r}")
     rng = random.Random(f"{family}:{seed}")
     if size is None:
-        size = drawn_size(family, seed)
+        drawn = random.Random(f"{family}:{seed}").uniform(math.log(SIZES[0]), math.log(SIZES[1]))
+        size = round(math.exp(drawn))
     if cap is None:
         cap = random.Random(f"{family}:{seed}:cap").choice(CAPS)
     if size < 1 or cap < 1:

@@ -157,14 +157,15 @@ class ParentsFinishedTrigger(BaseTrigger):
             grandparents = self._grandparent_states(states)
             near = grandparents if seen_far else None
             move = POLICY.trigger_move(parents, free_deferral=self._free(), grandparents=near)
-            if move is Wait.WAIT and not self._slot_idle(states):
+            slots = self.run_slots
+            if move is Wait.WAIT and slots is not None and not self._slot_idle(states, slots):
                 move = None
                 if not held:
                     held = True
                     log.info(
                         "its parents run their tools, but the run's %d slots are all taken or waited"
                         " for: it comes near them once one is idle",
-                        self.run_slots.slots if self.run_slots else 0,
+                        slots.slots,
                     )
             seen_far = seen_far or (
                 grandparents is not None and not POLICY.parents_run_tools(parents, grandparents)
@@ -185,15 +186,13 @@ class ParentsFinishedTrigger(BaseTrigger):
             tasks.update(self.run_slots.tasks)
         return sorted(tasks)
 
-    def _slot_idle(self, states: Mapping[str, Any]) -> bool:
-        """Whether the run leaves a slot idle for the node to wait near its parents in (always, in a run
-        that does not count its slots: ``run_slots`` None)."""
-        if self.run_slots is None:
-            return True
-        tasks = set(self.run_slots.tasks)
+    def _slot_idle(self, states: Mapping[str, Any], slots: RunSlots) -> bool:
+        """Whether the run leaves one of its ``slots`` idle for the node to wait near its parents in,
+        counted over the instances of its node tasks in the read."""
+        tasks = set(slots.tasks)
         mine = states.get(self.run_id, {})
         return leaves_a_slot_idle(
-            (state for key, state in mine.items() if key.rpartition("_")[0] in tasks), self.run_slots.slots
+            (state for key, state in mine.items() if key.rpartition("_")[0] in tasks), slots.slots
         )
 
     def _grandparent_states(self, states: Mapping[str, Any]) -> list[list[str | None]] | None:
