@@ -186,14 +186,11 @@ class ParentsFinishedTrigger(BaseTrigger):
             tasks.update(self.run_slots.tasks)
         return sorted(tasks)
 
-    def _slot_idle(self, states: Mapping[str, Any], slots: RunSlots) -> bool:
+    def _slot_idle(self, states: RunStates, slots: RunSlots) -> bool:
         """Whether the run leaves one of its ``slots`` idle for the node to wait near its parents in,
-        counted over the instances of its node tasks in the read."""
-        tasks = set(slots.tasks)
-        mine = states.get(self.run_id, {})
-        return leaves_a_slot_idle(
-            (state for key, state in mine.items() if key.rpartition("_")[0] in tasks), slots.slots
-        )
+        counted over the instances of its node tasks in the read (once per read, for every trigger of
+        the run that shares it)."""
+        return states.slot_idle(self.run_id, slots)
 
     def _grandparent_states(self, states: Mapping[str, Any]) -> list[list[str | None]] | None:
         """Each parent's own parents' states (in ``parents`` order), or None when the node does not come
@@ -316,7 +313,32 @@ async def _shared(
     return await asyncio.shield(cache[key][1])
 
 
-async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float) -> Any:
+class RunStates(dict[str, dict[str, Any]]):
+    """One read of task states (run id → ``<task id>_<map index>`` → state), shared by the triggers of
+    the run that asked for it within a poll interval; whether it leaves one of the run's slots idle is
+    counted once, for all of them, not once per held node over every instance of the run."""
+
+    __slots__ = ("_idle",)
+
+    def __init__(self, states: Mapping[str, dict[str, Any]]) -> None:
+        super().__init__(states)
+        self._idle: dict[tuple[str, int, tuple[str, ...]], bool] = {}
+
+    def slot_idle(self, run_id: str, slots: RunSlots) -> bool:
+        """:func:`~airflow_plan_provider.plan.waiting.leaves_a_slot_idle` over run ``run_id``'s instances
+        of the ``slots``' node tasks in this read."""
+        key = (run_id, slots.slots, tuple(slots.tasks))
+        if key not in self._idle:
+            tasks = set(slots.tasks)
+            mine = self.get(run_id, {})
+            in_run = (state for k, state in mine.items() if k.rpartition("_")[0] in tasks)
+            self._idle[key] = leaves_a_slot_idle(in_run, slots.slots)
+        return self._idle[key]
+
+
+async def shared_task_states(
+    dag_id: str, run_id: str, task_ids: Sequence[str], *, max_age: float
+) -> RunStates:
     """The task states of ``task_ids`` in run ``run_id``
     (:func:`~airflow_plan_provider.compat.task_states_reader`), read once for every trigger of this
     triggerer that asks within ``max_age`` seconds of the first: the deferred
@@ -328,10 +350,12 @@ async def shared_task_states(dag_id: str, run_id: str, task_ids: Sequence[str], 
     reader = compat.task_states_reader()
     if reader is None:
         raise compat.AirflowCompatError("this Airflow has no task states read for triggers")
-    read = partial(
-        sync_to_async(reader),
-        dag_id=dag_id,
-        task_ids=list(task_ids),
-        run_ids=[run_id],
+    read_states = sync_to_async(reader)
+
+    async def read() -> RunStates:
+        return RunStates(await read_states(dag_id=dag_id, task_ids=list(task_ids), run_ids=[run_id]))
+
+    states: RunStates = await _shared(
+        _READS, (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids)), max_age, read
     )
-    return await _shared(_READS, (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids)), max_age, read)
+    return states

@@ -26,9 +26,10 @@ from airflow_plan_provider.contract import (
     lane_task_id,
 )
 from airflow_plan_provider.exceptions import TriggerEventError
+from airflow_plan_provider.plan.session import RunSlots
 from airflow_plan_provider.tools.jobs import JobStatus, callable_path
 from airflow_plan_provider.triggers.job import ToolJobTrigger
-from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, RunStates
 from airflow_plan_provider.triggers.payloads import (
     JobOutcome,
     validate_approval_event,
@@ -324,6 +325,29 @@ def test_parents_trigger_of_a_run_without_slots_to_spare_has_the_node_come_back_
     assert asked[0]["task_ids"] == sorted([NODES_TASK, lane, after])
     with pytest.raises(ValueError, match="slots"):
         ParentsFinishedTrigger(dag_id="d", run_id="r", parents={}, run_slots={"slots": 0, "tasks": ["n"]})
+
+
+def test_the_held_nodes_of_a_run_count_its_slots_once_per_shared_read() -> None:
+    """Every held trigger of a run asks the same shared read whether a slot is idle: the read counts
+    the run's instances of its node tasks once for all of them (a 500-node run's hundreds of held nodes
+    do not each walk its 500 states), and answers each question it was asked, not another's."""
+    walks: list[str] = []
+
+    class Instances(dict[str, str]):
+        def items(self) -> Any:
+            walks.append("walk")
+            return super().items()
+
+    lane = lane_task_id("api")
+    mine = Instances({f"{NODES_TASK}_{i}": "running" for i in range(3)} | {f"{lane}_0": "deferred"})
+    read = RunStates({"manual__1": mine, "manual__2": {f"{NODES_TASK}_0": "scheduled"}})
+    four, three = RunSlots(slots=4, tasks=[NODES_TASK, lane]), RunSlots(slots=3, tasks=[NODES_TASK, lane])
+    assert [read.slot_idle("manual__1", four) for _ in range(100)] == [True] * 100
+    assert walks == ["walk"]
+    assert read.slot_idle("manual__1", three) is False  # three running fill three slots
+    assert read.slot_idle("manual__2", RunSlots(slots=1, tasks=[NODES_TASK])) is False
+    assert RunStates(read).slot_idle("manual__1", four) is True  # a new read counts again
+    assert walks == ["walk", "walk", "walk"]
 
 
 @pytest.mark.parametrize(
