@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -249,7 +250,12 @@ class Simulation:
         near_if_idle: str | None = None,
         chain_lanes: bool = False,
         chain_lanes_up_to: int | None = None,
+        tie_order: int | None = None,
     ) -> None:
+        # a static DAG's tasks of equal weight: the scheduler queues them in the order its database
+        # returns them, which the simulator does not know. None: the run order; a seed: a random order
+        # drawn from it (``--heldout`` shows how far that order alone moves a static DAG's makespan)
+        self.tie_order = tie_order
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
         # when its parents run their tools), "ready" (when they finished or saved their checkpoints), or
@@ -545,9 +551,16 @@ class Simulation:
         rank = 0
         if self.sessions_in_turn and not run.static:
             rank = sum(1 for r in self.runs[: run.index] if r.trigger_at <= self.now and r.end is None)
+        ties: dict[str, int] = {}
+        if run.static and self.tie_order is not None:
+            shuffled = list(run.plan.order)
+            random.Random(f"{self.tie_order}:{run.index}").shuffle(shuffled)
+            ties = {node: place for place, node in enumerate(shuffled)}
         for task, nodes in run.tasks.items():
             for index, node in enumerate(nodes):
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))
+                if ties:
+                    ti.key = (ti.key[0], ti.key[1], ties[node], task)
                 if self.runs_undated:  # no logical date: the runs' instances interleave by map index
                     ti.key = (ti.key[0], 0, index, task, run.index)  # type: ignore[assignment]
                 if rank:  # a weight a stride lower per unfinished run created before this one

@@ -155,25 +155,37 @@ def _recorded_families(figures: dict[str, Any], mechanism: str) -> list[Measured
     return out
 
 
+#: the random orders of a static DAG's tasks of equal weight (``Simulation(tie_order=...)``) over which
+#: :func:`family_errors` gives the range of the static DAG's simulated makespan
+TIE_ORDERS = range(8)
+
+
 def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, Any]]:
     """Each measured generated plan's errors under ``costs`` (its name gives family, seed, size, cap); a
-    plan measured started on the triggerer too gets a second row, ``(<database>, started)``."""
+    plan measured started on the triggerer too gets a second row, ``(<database>, started)``. A row also
+    gives ``static_ties``: the least and the most the static DAG takes in the simulator over
+    :data:`TIE_ORDERS` (the order in which the scheduler takes tasks of equal weight, the database's)."""
     out = []
     policy = WaitingPolicy()
-    for database, name, plan_real, static_real, started_real, mechanism in measured:
+    for database, name, plan_real, static_real, started_real, mechanism in dict.fromkeys(measured):
         family, seed, size, cap = name.split("-")
         generated = generate(family, int(seed[1:]), int(size[1:]), int(cap[1:]))
         sim_plan, caps = generated.sim_plan(), generated.caps()
         static_sim = simulate(sim_plan, policy, caps, costs, static=True).makespan
+        tied = [
+            simulate(sim_plan, policy, caps, costs, static=True, tie_order=order).makespan
+            for order in TIE_ORDERS
+        ]
+        ties = [round(min(tied) / static_real - 1, 3), round(max(tied) / static_real - 1, 3)]
         plan_sim = simulate(sim_plan, policy, caps, costs).makespan
-        out.append(error_row(f"{name} ({database})", (plan_sim, static_sim), (plan_real, static_real)))
+        row = error_row(f"{name} ({database})", (plan_sim, static_sim), (plan_real, static_real))
+        out.append(row | {"static_ties": ties})
         if started_real is not None:
             started_sim = simulate(sim_plan, policy, caps, costs, **MECHANISMS[mechanism][2]).makespan
-            out.append(
-                error_row(
-                    f"{name} ({database}, started)", (started_sim, static_sim), (started_real, static_real)
-                )
+            row = error_row(
+                f"{name} ({database}, started)", (started_sim, static_sim), (started_real, static_real)
             )
+            out.append(row | {"static_ties": ties})
     return out
 
 
@@ -207,15 +219,18 @@ def print_report(result: dict[str, list[dict[str, Any]]]) -> None:
         print(f"\n{group}")
         print(
             f"  {'plan':<36}{'sim plan / static':>18}{'real plan / static':>19}"
-            f"{'err plan':>9}{'err static':>11}{'err ratio':>10}"
+            f"{'err plan':>9}{'err static':>11}{'err ratio':>10}  static, tie orders"
         )
         for r in rows:
+            ties = r.get("static_ties")
+            tied = "" if ties is None else f"  {ties[0]:+.1%} .. {ties[1]:+.1%}"
             sim_static = "-" if r["sim"][1] is None else f"{r['sim'][1]:.1f}"
             real_static = "-" if r["real"][1] is None else f"{r['real'][1]:.1f}"
             ratio = "-" if r["ratio_error"] is None else f"{r['ratio_error']:+.3f}"
             print(
                 f"  {r['plan']:<36}{r['sim'][0]:>9.1f} / {sim_static:<6}{r['real'][0]:>10.1f}"
                 f" / {real_static:<6}{_pct(r['plan_error'], 9)}{_pct(r['static_error'], 11)}{ratio:>10}"
+                + tied
             )
         s = summary(rows)
         print(

@@ -313,3 +313,21 @@ def test_started_nodes_come_near_their_parents_freely_only_in_a_run_with_slots_t
     assert short.moves.get("came_back") == 2 and short.moves.get("trigger_checkpoint") == 8
     assert "came_back" not in ready.moves
     assert short.waiting < near.waiting
+
+
+def test_a_static_dags_tasks_of_equal_weight_go_in_the_tie_order_drawn() -> None:
+    """A static DAG's tasks of equal weight are queued in an order the simulator cannot know (the
+    database's): ``tie_order`` draws one. Nine roots on two slots, one of 10 s and eight of 1 s: the
+    long root first ends the run near 10 s, last near 14 s; orders drawn from different seeds give
+    both kinds of schedule, and one seed always the same."""
+    caps = Caps(task_cap=None, dag_cap=2, parallelism=2)
+    seconds = {"a": 10.0} | {f"s{i}": 1.0 for i in range(8)}
+    plan = SimPlan({node: [] for node in seconds}, seconds)
+    makespans = {
+        order: simulate(plan, POLICY, caps, CALIBRATED, static=True, tie_order=order).makespan
+        for order in range(12)
+    }
+    assert min(makespans.values()) < 11.5 < 13.0 < max(makespans.values())
+    assert all(m >= list_scheduling_bound(plan, 2) for m in makespans.values())
+    again = simulate(plan, POLICY, caps, CALIBRATED, static=True, tie_order=3).makespan
+    assert again == makespans[3]
