@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,14 @@ class CallLog:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / "calls.jsonl"
         self.effects = self.folder / "side_effects.jsonl"
+
+    @classmethod
+    def in_folder_of(cls, env: str, name: str) -> CallLog:
+        """The call log ``name`` in the folder the environment variable ``env`` names, which a test gives
+        every process of the Airflow it starts (else in the system's temporary folder): the DAG files
+        those processes parse log their tools' calls where the test reads them."""
+        root = os.environ.get(env) or os.path.join(tempfile.gettempdir(), "plan-calls")
+        return cls(Path(root) / name)
 
     def _append(self, path: Path, entry: Mapping[str, Any]) -> None:
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()

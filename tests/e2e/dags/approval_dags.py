@@ -6,14 +6,13 @@ Every DAG logs its tool calls to ``$PLAN_E2E_CALL_LOG/<dag_id>``.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider import ApprovalPolicy, NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # the folder the test gives every process for call logs
 
 SECRET = "sk-e2e-approval-secret-0042"  # a param value the approval request must not show
 #: the node tasks' settings every DAG here starts from
@@ -22,8 +21,7 @@ COMMON: dict[str, Any] = {"tags": ["e2e"]}
 
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 def tools(dag_id: str, probe_replans: bool = False) -> Any:

@@ -3,18 +3,16 @@ barrier), under caps smaller than the plan's width, on the embedded SQLite datab
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 from airflow_plan_provider import NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
 
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # the folder the test gives every process for call logs
+
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 # a slow root beside a quick chain: b -> c must not wait for a (it would, behind a layer barrier)

@@ -16,7 +16,6 @@ Every DAG gets its own :class:`CallLog` folder, ``$PLAN_E2E_CALL_LOG/<dag_id>``.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,8 +31,7 @@ GATE = "gate"
 
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 class EffectFirstTool(ScriptedTool):

@@ -21,10 +21,8 @@ side effects of each idempotency key.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider import Budgets, NodeExecution, build_plan_dag
@@ -39,8 +37,7 @@ MOOT = "the rest of the plan is moot"
 
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 class WorkTool(ScriptedTool):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,7 @@ HOLD_SECONDS = 120.0
 
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 def hold_once(folder: Path, tag: str) -> None:

@@ -7,10 +7,7 @@ test) and ``e2e_pg`` (a PostgreSQL database holding ``orders``).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow_plan_provider import NodeExecution, build_plan_dag
@@ -18,10 +15,11 @@ from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool
 from airflow_plan_provider.tools.mcp import McpServer
 from airflow_plan_provider.tools.sql import sql_tool
 
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # the folder the test gives every process for call logs
+
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 def summary(params: dict[str, Any]) -> dict[str, Any]:

@@ -4,14 +4,12 @@ to be seen waiting (in its slot, or deferred), then runs its own tool long enoug
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 from airflow.sdk import DAG
 
 from airflow_plan_provider import NodeExecution, build_plan_dag
 from airflow_plan_provider.testing import CallLog, ScriptedPlanner, ScriptedTool, scripted_registry
+
+CALL_LOG_ENV = "PLAN_E2E_CALL_LOG"  # the folder the test gives every process for call logs
 
 WAITING = {
     "goal": "a node that waits for a slow parent, then works",
@@ -24,10 +22,7 @@ WAITING = {
 
 
 def _phases_dag(dag_id: str, execution: NodeExecution) -> DAG:
-    log = CallLog(
-        Path(os.environ.get("PLAN_E2E_CALL_LOG") or os.path.join(tempfile.gettempdir(), "plan-e2e-calls"))
-        / dag_id
-    )
+    log = CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
     return build_plan_dag(
         dag_id,
         planner=ScriptedPlanner(WAITING),

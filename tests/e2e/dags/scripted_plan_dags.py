@@ -8,9 +8,7 @@ ran at the same time.
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, task
@@ -27,8 +25,7 @@ INDEPENDENT_NODES = 8
 
 
 def call_log(dag_id: str) -> CallLog:
-    root = os.environ.get(CALL_LOG_ENV) or os.path.join(tempfile.gettempdir(), "plan-e2e-calls")
-    return CallLog(Path(root) / dag_id)
+    return CallLog.in_folder_of(CALL_LOG_ENV, dag_id)
 
 
 def independent_plan(count: int = INDEPENDENT_NODES) -> dict[str, Any]:
