@@ -429,7 +429,10 @@ class Simulation:
         pool, _ = self._pool(ti)
         if old in IN_SLOT:
             run.dag_active -= 1
-            self.executor_used -= 1
+            if new in IN_SLOT or not self.costs.exit_hold:
+                self.executor_used -= 1
+            else:  # the executor learns of the process's exit (its slot open again) a little later
+                self.at(self.now + self.costs.exit_hold, self._executor_slot_open)
             if new not in IN_SLOT:
                 self.out.slot_seconds += self.now - ti.slot_since
         if old in UNDER_TASK_CAP:
@@ -471,6 +474,10 @@ class Simulation:
                         self._due(self.now, child)
             elif ti.node in run.chain_child:
                 self._due(self.now, run.tis[run.chain_child[ti.node]])
+
+    def _executor_slot_open(self) -> None:
+        self.executor_used -= 1
+        self._wake(self.now)
 
     def _children(self, run: Run, node: str) -> list[Ti]:
         if not hasattr(run, "children"):

@@ -87,7 +87,10 @@ class Costs:
     - the executor reports a process's exit ``report_latency`` after it: a rescheduled instance queued
       again before that fails its try (apache/airflow#71172);
     - the plan DAG's ``plan`` and ``finalize`` tasks run ``plan_task`` and ``finalize_task`` seconds;
-    - a static DAG's task process costs ``static_start_factor`` of a node's start.
+    - a static DAG's task process costs ``static_start_factor`` of a node's start;
+    - a task process that left its slot (ended, deferred) keeps its executor slot ``exit_hold`` longer:
+      the executor's worker reports the process's exit once the process is gone, and the scheduler counts
+      the slot free only then (it matters where the executor's parallelism is the DAG's cap).
     """
 
     loop_sleep: float = 1.0
@@ -106,11 +109,14 @@ class Costs:
     plan_task: float = 0.3
     finalize_task: float = 0.2
     static_start_factor: float = 0.6
+    exit_hold: float = 0.0
     cores: float = 0.0
 
 
-#: the costs fitted to ``bench/``'s latest PostgreSQL figures (``python bench/simulate.py --calibrate``;
-#: :mod:`bench.simulator.calibrate`), 2 cores as there
+#: the costs fitted to the bench plans' PostgreSQL figures of 2026-11-30 (code 681bc3f; ``python
+#: bench/simulate.py --calibrate`` fits them again, to the newest figures): 2 cores as there. The
+#: package has since made the 500-node plan several times faster, which these costs do not know
+#: (``python bench/simulate.py`` prints each bench plan's simulated makespan beside its newest one)
 CALIBRATED = Costs(
     loop_sleep=0.05,
     loop_cpu=0.005,

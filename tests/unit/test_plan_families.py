@@ -104,3 +104,43 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
     assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_NEAR_ALWAYS}
     (tmp_path / "record.json").write_text(json.dumps(record | {"date": "2026-12-07T00:19"}))
     assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_READY_WITHOUT_SPARE}
+
+
+def test_the_costs_are_fitted_to_the_bench_plans_and_the_training_plans_newest_sqlite_figures(
+    tmp_path: Path,
+) -> None:
+    """``simulate.py --calibrate`` fits the costs to the bench plans (their newest records) and to the
+    training plans as the newest record measured them on SQLite, with the plan DAG started on the
+    triggerer; a record set without one of them is refused, naming it."""
+    import json
+
+    from bench.simulator.calibrate import figures
+    from bench.simulator.heldout import TRAINING, fitting_plans
+    from bench.simulator.model import Costs
+    from bench.simulator.plans import bench_plans
+
+    def record(date: str, seconds: float, names: tuple[str, ...]) -> dict[str, object]:
+        figures_: dict[str, float] = {}
+        for name in names:
+            stem = name.replace("-", "_")
+            figures_ |= {f"{stem}_sqlite_plan_s": seconds, f"{stem}_sqlite_static_s": seconds + 1}
+            figures_ |= {f"{stem}_postgresql_plan_s": 1.0, f"{stem}_postgresql_static_s": 1.0}
+            figures_ |= {f"{stem}_sqlite_started_s": seconds - 1}
+        return {"date": date, "figures": figures_}
+
+    (tmp_path / "a.json").write_text(json.dumps(record("2026-12-07T04:00", 50.0, TRAINING)))
+    (tmp_path / "b.json").write_text(json.dumps(record("2026-12-07T05:00", 60.0, TRAINING)))
+    plans = fitting_plans([tmp_path / "a.json", tmp_path / "b.json"])
+    bench = len(bench_plans())
+    assert [p.name for p in plans[bench:]] == list(TRAINING)
+    assert [(p.plan_s, p.static_s, p.started_s) for p in plans[bench:]] == [(60.0, 61.0, 59.0)] * len(
+        TRAINING
+    )
+    assert plans[bench].started["starts_deferred"]  # the build's start on the triggerer, simulated
+    simulated = figures(Costs(cores=2.0), plans[bench:])
+    assert set(simulated) == {
+        f"{name}{kind}" for name in TRAINING for kind in ("", " (static)", " (started)")
+    }
+    (tmp_path / "b.json").write_text(json.dumps(record("2026-12-07T05:00", 60.0, TRAINING[:1])))
+    with pytest.raises(ValueError, match=TRAINING[1]):
+        fitting_plans([tmp_path / "b.json"])
