@@ -129,6 +129,9 @@ class Families(Question):
                 f" {f['cp_nodes']} nodes ({' → '.join(f['chain'])})"
             )
             print_breakdown(f)
+            if "started" in f:
+                print("\n  the same plan started on the triggerer (plan column) beside the static DAG")
+                print_breakdown({"plan": f["started"], "static": f["static"]})
 
 
 def record(saved: Sequence[Path], result: Path, command: str) -> None:

@@ -18,16 +18,17 @@ Run (from the repository root; no Airflow is started)::
     python bench/simulate.py --heldout [--measured plan_dags.json ...] [--json FILE]   # a few minutes
     python bench/simulate.py --sessions [--json FILE]   # concurrent_runs.py's batch, simulated
 
-``--heldout``: the costs fitted to the bench plans and a few generated plans, every other generated
-plan measured on a real Airflow (``plan_dags.py --family ... --json``, or the ``bench/results/`` records
-it wrote; by default every such record) predicted with them (:mod:`bench.simulator.heldout`).
+``--heldout``: the costs fitted per database to a few generated plans (on SQLite, the bench plans
+too), every other generated plan measured on a real Airflow (``plan_dags.py --family ... --json``, or
+the ``bench/results/`` records it wrote; by default every such record) predicted with its database's
+(:mod:`bench.simulator.heldout`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -277,8 +278,24 @@ def run_sessions(args: argparse.Namespace) -> int:
 def run_heldout(args: argparse.Namespace) -> int:
     """``--heldout``: print the prediction errors, write ``--json``."""
     measured = args.measured or sorted(heldout.RESULTS.glob(heldout.RECORDS))
-    result = heldout.report(measured)
+    result, fits = heldout.report(measured)
     heldout.print_report(result)
+    for database, costs in fits.items():
+        print(f"\ncosts fitted on {database}: {costs}")
+    spreads = heldout.repeatability(heldout.measured_families(measured))
+    worst = max(spreads, key=lambda r: r["spread"], default=None)
+    repeat = {}
+    if worst is not None:
+        repeat = {
+            "worst_static_spread": worst["spread"],
+            "median_static_spread": sorted(r["spread"] for r in spreads)[len(spreads) // 2],
+            "static_dags_measured_again": len(spreads),
+        }
+        print(
+            f"\nstatic DAGs measured more than once on one database: {len(spreads)}; their makespans"
+            f" apart by up to {worst['spread']:.1%} ({worst['plan']}, {worst['runs']} runs), median"
+            f" {repeat['median_static_spread']:.1%}"
+        )
     if args.json:
         groups = {name: heldout.summary(rows) for name, rows in result.items() if rows}
         held_out = groups.get(next(iter(result)), {})
@@ -297,12 +314,18 @@ def run_heldout(args: argparse.Namespace) -> int:
             title="Simulator prediction error on plans its costs were not fitted to",
             command="python bench/simulate.py --heldout" + "".join(f" --measured {p}" for p in args.measured),
             headline=headline,
-            figures={"summary": groups, **result},
+            figures={
+                "summary": groups,
+                "repeatability": repeat,
+                **result,
+                "costs": {db: asdict(c) for db, c in fits.items()},
+            },
             target="makespan within 5 %, ratio to static within 0.03 (the held-out plans)",
             met=met,
             note=(
-                "costs fitted to the bench plans' and the training plans' newest SQLite figures"
-                f" ({', '.join(heldout.TRAINING)}); every other generated plan measured is held out"
+                "costs fitted per database: to the training plans' newest figures on that database"
+                f" ({', '.join(heldout.TRAINING)}), and on SQLite to the bench plans' too; every other"
+                " generated plan measured is held out and predicted with its database's costs"
             ),
         )
     return 0

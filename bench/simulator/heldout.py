@@ -32,7 +32,7 @@ from bench.simulator.families import (
     STARTED_READY_WITHOUT_SPARE,
 )
 from bench.simulator.model import CALIBRATED, Costs
-from bench.simulator.plans import BENCH, BenchPlan, bench_plans
+from bench.simulator.plans import BENCH, BENCH_DATABASE, BenchPlan, bench_plans
 
 RESULTS = BENCH / "results"
 
@@ -123,9 +123,10 @@ def _recorded_families(figures: dict[str, Any], mechanism: str) -> list[Measured
 TIE_ORDERS = range(8)
 
 
-#: the generated plans whose measurements on SQLite the costs (:data:`~.model.CALIBRATED`) are fitted to
-#: beside the bench plans, each with its plan DAG started on the triggerer: one plan of the local
-#: family at a cap of 4, one of the fan family at a cap of 8. Every other measured plan is held out
+#: the generated plans whose measurements the costs (:data:`~.model.CALIBRATED`) are fitted to on each
+#: database (beside the bench plans on SQLite), each with its plan DAG started on the triggerer: one plan
+#: of the local family at a cap of 4, two of the fan family at caps of 8 and 16. Every other measured plan
+#: is held out
 TRAINING = ("local-s1-n120-c4", "fan-s2-n80-c8", "fan-s1-n200-c16")
 #: the records the measurements of the generated plans are read from
 RECORDS = "*-families-airflow*.json"
@@ -142,15 +143,17 @@ def generated_bench_plan(row: Measured) -> BenchPlan:
     )
 
 
-def fitting_plans(paths: Iterable[Path] | None = None) -> list[BenchPlan]:
-    """The plans the costs are fitted to: the bench plans, and the :data:`TRAINING` plans as the newest of
-    ``paths`` (by default :data:`RECORDS` in ``bench/results/``) measured them on SQLite."""
+def fitting_plans(paths: Iterable[Path] | None = None, database: str = BENCH_DATABASE) -> list[BenchPlan]:
+    """The plans the costs of ``database`` are fitted to: the :data:`TRAINING` plans as the newest of
+    ``paths`` (by default :data:`RECORDS` in ``bench/results/``) measured them there, after the bench plans
+    where ``database`` is the one they are measured on."""
     paths = sorted(RESULTS.glob(RECORDS)) if paths is None else paths
-    newest = {row[1]: row for row in measured_families(paths) if row[0] == "sqlite" and row[1] in TRAINING}
+    newest = {row[1]: row for row in measured_families(paths) if row[0] == database and row[1] in TRAINING}
     missing = set(TRAINING) - set(newest)
     if missing:
-        raise ValueError(f"no SQLite measurement of the training plans {sorted(missing)} in the records")
-    return bench_plans() + [generated_bench_plan(newest[name]) for name in TRAINING]
+        raise ValueError(f"no {database} measurement of the training plans {sorted(missing)} in the records")
+    bench = bench_plans() if database == BENCH_DATABASE else []
+    return bench + [generated_bench_plan(newest[name]) for name in TRAINING]
 
 
 def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, Any]]:
@@ -194,27 +197,57 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def report(measured_paths: Iterable[Path] = ()) -> dict[str, list[dict[str, Any]]]:
-    """The measured generated plans: those not in :data:`TRAINING` under the costs fitted to the bench
-    plans and the training plans, then every one under the shipped :data:`~.model.CALIBRATED`; and the
-    figures the fit was made to, under the fit."""
-    plans = fitting_plans()
-    fitted, _ = calibrate(CALIBRATED, plans=plans)
+def repeatability(measured: Iterable[Measured]) -> list[dict[str, Any]]:
+    """How far apart the measurements of one static DAG are, where a database measured a plan's static
+    DAG more than once (its code is the same in every record): ``spread``, the largest over the least
+    makespan, less 1. A prediction cannot be checked closer than the measurements agree."""
+    by_plan: dict[tuple[str, str], set[float]] = {}
+    for database, name, _, static_real, _, _ in measured:
+        by_plan.setdefault((database, name), set()).add(static_real)
+    return [
+        {
+            "plan": f"{name} ({database}, static)",
+            "runs": len(seconds),
+            "spread": round(max(seconds) / min(seconds) - 1, 3),
+        }
+        for (database, name), seconds in by_plan.items()
+        if len(seconds) > 1
+    ]
+
+
+def report(
+    measured_paths: Iterable[Path] = (),
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Costs]]:
+    """The measured generated plans: those not in :data:`TRAINING` under the costs fitted to their
+    database's fitting plans (:func:`fitting_plans`), then every one under the shipped
+    :data:`~.model.CALIBRATED`; and the figures each fit was made to, under it. Also the fitted costs,
+    by database."""
     measured = measured_families(measured_paths)
-    out = {
-        "generated plans held out, costs fitted to bench and training plans": family_errors(
-            fitted, [row for row in measured if row[1] not in TRAINING]
+    fits: dict[str, Costs] = {}
+    plans: dict[str, list[BenchPlan]] = {}
+    for database in sorted({row[0] for row in measured}):
+        plans[database] = fitting_plans(database=database)
+        fits[database], _ = calibrate(CALIBRATED, plans=plans[database])
+    held_out = [
+        row
+        for database in fits
+        for row in family_errors(
+            fits[database], [r for r in measured if r[0] == database and r[1] not in TRAINING]
         )
-    }
+    ]
+    out = {"generated plans held out, costs fitted to their database's bench and training plans": held_out}
     out["every generated plan measured, CALIBRATED costs"] = family_errors(CALIBRATED, measured)
     out["bench and training plans, fitted costs"] = [
         error_row(
-            bench.name, (sim[bench.name][0], sim[f"{bench.name} (static)"][0]), (bench.plan_s, bench.static_s)
+            f"{bench.name} ({database})",
+            (sim[bench.name][0], sim[f"{bench.name} (static)"][0]),
+            (bench.plan_s, bench.static_s),
         )
-        for bench in plans
+        for database, fitted in fits.items()
+        for bench in plans[database]
         for sim in [figures(fitted, [bench])]
     ]
-    return out
+    return out, fits
 
 
 def _pct(value: float | None, width: int) -> str:

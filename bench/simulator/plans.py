@@ -15,6 +15,8 @@ BENCH = Path(__file__).resolve().parents[1]
 #: the caps of every bench run (``bench/_planbench.py``'s ``plan_dag_source``, ``--cap 16``): the DAG's
 #: ``max_active_tasks`` and the executor's parallelism 16, the node task's ``max_active_nodes`` above it
 BENCH_CAP = 16
+#: the database the bench plans' figures (:data:`FIGURES`) are measured on
+BENCH_DATABASE = "sqlite"
 
 #: each bench plan's figures: (its question in ``bench/results/``, the figure of the plan DAG's makespan,
 #: the static DAG's), both on SQLite; the newest record of the question gives them

@@ -106,12 +106,13 @@ def test_the_held_out_check_reads_a_record_as_it_reads_the_run_it_was_written_fr
     assert {row[5] for row in measured_families([tmp_path / "record.json"])} == {STARTED_READY_WITHOUT_SPARE}
 
 
-def test_the_costs_are_fitted_to_the_bench_plans_and_the_training_plans_newest_sqlite_figures(
+def test_the_costs_of_each_database_are_fitted_to_its_newest_figures_of_the_training_plans(
     tmp_path: Path,
 ) -> None:
-    """``simulate.py --calibrate`` fits the costs to the bench plans (their newest records) and to the
-    training plans as the newest record measured them on SQLite, with the plan DAG started on the
-    triggerer; a record set without one of them is refused, naming it."""
+    """The costs of SQLite are fitted to the bench plans (their newest records, measured on SQLite) and
+    to the training plans as the newest record measured them on SQLite, with the plan DAG started on the
+    triggerer; those of PostgreSQL to the training plans as measured there only. A record set without one
+    of them is refused, naming it and the database."""
     import json
 
     from bench.simulator.calibrate import figures
@@ -141,6 +142,10 @@ def test_the_costs_are_fitted_to_the_bench_plans_and_the_training_plans_newest_s
     assert set(simulated) == {
         f"{name}{kind}" for name in TRAINING for kind in ("", " (static)", " (started)")
     }
+    on_postgresql = fitting_plans([tmp_path / "a.json", tmp_path / "b.json"], database="postgresql")
+    assert [(p.name, p.source, p.plan_s, p.static_s, p.started_s) for p in on_postgresql] == [
+        (name, "postgresql", 1.0, 1.0, None) for name in TRAINING
+    ]
     (tmp_path / "b.json").write_text(json.dumps(record("2026-12-07T05:00", 60.0, TRAINING[:1])))
-    with pytest.raises(ValueError, match=TRAINING[1]):
+    with pytest.raises(ValueError, match=f"no sqlite measurement .*{TRAINING[1]}"):
         fitting_plans([tmp_path / "b.json"])
