@@ -293,13 +293,13 @@ async def shared_checkpoint(key: str, run_id: str, artifact_store: str | None) -
         return artifacts.checkpoint_of_run(key, run_id, artifact_store) is not None
 
     started = partial(asyncio.to_thread, look)
-    found = await _shared(
+    found = await shared_work(
         _LOOKS, (asyncio.get_running_loop(), artifact_store, key, run_id), POLICY.checkpoint_poll, started
     )
     return bool(found)
 
 
-async def _shared(
+async def shared_work(
     cache: dict[Any, tuple[float, Any]], key: Any, max_age: float, start: Callable[[], Any]
 ) -> Any:
     """The result of the work ``start()`` begins, done once for every caller that asks under ``key``
@@ -355,7 +355,7 @@ async def shared_task_states(
     async def read() -> RunStates:
         return RunStates(await read_states(dag_id=dag_id, task_ids=list(task_ids), run_ids=[run_id]))
 
-    states: RunStates = await _shared(
+    states: RunStates = await shared_work(
         _READS, (asyncio.get_running_loop(), dag_id, run_id, tuple(task_ids)), max_age, read
     )
     return states

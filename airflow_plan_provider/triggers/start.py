@@ -16,6 +16,7 @@ trigger's event, and from there runs as any node does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,10 +26,18 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_plan_provider.contract import BRIEFS_PER_XCOM, PLAN_TASK, NodeBrief, briefs_key
 from airflow_plan_provider.plan.calls import key_scope
 from airflow_plan_provider.plan.waiting import Wait, WaitingPolicy
-from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, trigger_of_brief
+from airflow_plan_provider.triggers.parents import ParentsFinishedTrigger, shared_work, trigger_of_brief
 
 POLICY = WaitingPolicy()
 log = logging.getLogger(__name__)
+
+#: seconds a read of a group of briefs serves the other start triggers of its group: Airflow starts a
+#: run's start triggers within a few rounds of the triggerer, so one read serves a whole group
+#: (:data:`~airflow_plan_provider.contract.BRIEFS_PER_XCOM` nodes) instead of one read per node
+BRIEF_GROUP_AGE = 10.0
+#: (event loop, DAG, run, planning task, brief group key, try) → (when it was asked for, the read). The
+#: try is in the key: a run cleared and planned again gives its nodes a new try, never the old briefs
+_BRIEF_GROUPS: dict[tuple[object, str, str, str, str, int], tuple[float, asyncio.Future[Any]]] = {}
 
 
 class NodeStartTrigger(BaseTrigger):
@@ -101,13 +110,22 @@ class NodeStartTrigger(BaseTrigger):
 
     @staticmethod
     async def _brief(ti: Any) -> NodeBrief | None:
-        """The node's brief, from its group published by the planning task (None when it cannot be read)."""
+        """The node's brief, from its group published by the planning task (None when it cannot be read).
+        The triggers of one group read it once (:data:`BRIEF_GROUP_AGE`); a shared read that fails is
+        tried again alone, so one failure does not move a whole group to its slots."""
         prefix = _group_prefix(ti.task_id)
         task_id = ti.task_id.removeprefix(prefix)
+        key = briefs_key(task_id, ti.map_index)
+
+        def read() -> Any:
+            return ti.axcom_pull(task_ids=prefix + PLAN_TASK, key=key, map_indexes=-1)
+
+        shared = (asyncio.get_running_loop(), ti.dag_id, ti.run_id, prefix + PLAN_TASK, key, ti.try_number)
         try:
-            briefs = await ti.axcom_pull(
-                task_ids=prefix + PLAN_TASK, key=briefs_key(task_id, ti.map_index), map_indexes=-1
-            )
+            try:
+                briefs = await shared_work(_BRIEF_GROUPS, shared, BRIEF_GROUP_AGE, read)
+            except Exception:
+                briefs = await read()
             return NodeBrief.model_validate(briefs[ti.map_index % BRIEFS_PER_XCOM])
         except Exception as error:  # the node reads it again in its slot, and names the fault there
             log.warning(

@@ -261,6 +261,49 @@ def test_the_start_trigger_reads_its_nodes_brief_and_waits_as_a_deferred_node_do
     }
 
 
+def test_the_start_triggers_of_one_brief_group_read_it_once_per_run_and_try() -> None:
+    """Airflow starts a run's start triggers together: the triggers of one group of briefs share one
+    read of it, while a trigger of another run, or of another try of the run's nodes (a cleared run
+    planned again), reads its own. A shared read that fails is tried again by each trigger alone."""
+    plan = validate_plan(MIXED_PLAN)
+    run = RunContext(lanes={"e": "after", "f": f"{API}__after", "g": "after"})
+    groups = {briefs_key(AFTER, 0): node_briefs(plan, run)[AFTER]}
+    pulls: list[tuple[str, int]] = []
+
+    class Counted(_TriggerTi):
+        async def axcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
+            pulls.append((self.run_id, self.try_number))
+            await asyncio.sleep(0.01)
+            return await super().axcom_pull(task_ids=task_ids, key=key, map_indexes=map_indexes)
+
+    def instance(index: int, run_id: str = "run", try_number: int = 1) -> Counted:
+        ti = Counted(AFTER, index, groups)
+        ti.run_id, ti.try_number = run_id, try_number
+        return ti
+
+    async def read_all(tis: list[Any]) -> list[str | None]:
+        briefs = await asyncio.gather(*(NodeStartTrigger._brief(ti) for ti in tis))
+        return [None if brief is None else brief.node_id for brief in briefs]
+
+    tis = [instance(0), instance(1), instance(0, "other run"), instance(1, try_number=2)]
+    assert asyncio.run(read_all(tis)) == ["e", "g", "e", "g"]
+    assert sorted(pulls) == [("other run", 1), ("run", 1), ("run", 2)]
+
+    class FailsOnce(_TriggerTi):
+        failed = False
+
+        async def axcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
+            if not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise ConnectionError("the API server is away")
+            return await super().axcom_pull(task_ids=task_ids, key=key, map_indexes=map_indexes)
+
+    failing = [FailsOnce(AFTER, index, groups) for index in (0, 1)]
+    for ti in failing:
+        ti.run_id = "a third run"
+    assert asyncio.run(read_all(failing)) == ["e", "g"]
+
+
 def test_a_start_trigger_that_cannot_read_its_brief_lets_the_node_start_in_its_slot() -> None:
     trigger = NodeStartTrigger()
     trigger.task_instance = _TriggerTi(AFTER, 3, {})
@@ -290,6 +333,7 @@ class _TriggerTi:
 
     def __init__(self, task_id: str, map_index: int, groups: dict[str, Any]) -> None:
         self.dag_id, self.run_id, self.task_id, self.map_index = "dag", "run", task_id, map_index
+        self.try_number = 1
         self.groups, self.pulled = groups, []
 
     async def axcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
