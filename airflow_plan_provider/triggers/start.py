@@ -5,7 +5,8 @@ no slot until its parents run their tools or have finished.
 Airflow hands the trigger the same keyword arguments for every instance of the task (those of the
 operator's ``start_trigger_args``), and the instance's own task instance (its run, task and map index) on
 the triggerer. From those the trigger reads the node's brief (:class:`~airflow_plan_provider.contract.
-NodeBrief`, which the planning task publishes in groups for these tasks whatever their size) and then
+NodeBrief`, which the planning task publishes in groups for these tasks whatever their size; the
+triggers of one group, which Airflow starts together, share one read of it) and then
 waits as a node deferred from its slot does (:class:`~.parents.ParentsFinishedTrigger`, whose
 ``seen_far`` has the node come back to a slot as soon as its parents run their tools; in a run without
 slots to spare, :attr:`~airflow_plan_provider.plan.session.RunContext.near_while_idle`, only while the run
