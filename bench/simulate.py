@@ -278,22 +278,17 @@ def run_sessions(args: argparse.Namespace) -> int:
 def run_heldout(args: argparse.Namespace) -> int:
     """``--heldout``: print the prediction errors, write ``--json``."""
     measured = args.measured or sorted(heldout.RESULTS.glob(heldout.RECORDS))
-    result, fits = heldout.report(measured)
+    plans_measured = heldout.measured_families(measured)
+    result, fits = heldout.report(plans_measured)
     heldout.print_report(result)
     for database, costs in fits.items():
         print(f"\ncosts fitted on {database}: {costs}")
-    spreads = heldout.repeatability(heldout.measured_families(measured))
-    worst = max(spreads, key=lambda r: r["spread"], default=None)
-    repeat = {}
-    if worst is not None:
-        repeat = {
-            "worst_static_spread": worst["spread"],
-            "median_static_spread": sorted(r["spread"] for r in spreads)[len(spreads) // 2],
-            "static_dags_measured_again": len(spreads),
-        }
+    repeat = heldout.spread_summary(heldout.repeatability(plans_measured))
+    if repeat:
         print(
-            f"\nstatic DAGs measured more than once on one database: {len(spreads)}; their makespans"
-            f" apart by up to {worst['spread']:.1%} ({worst['plan']}, {worst['runs']} runs), median"
+            f"\nstatic DAGs measured more than once on one database: {repeat['static_dags_measured_again']};"
+            f" their makespans apart by up to {repeat['worst_static_spread']:.1%}"
+            f" ({repeat['worst_static_spread_plan']}, {repeat['worst_static_spread_runs']} runs), median"
             f" {repeat['median_static_spread']:.1%}"
         )
     if args.json:

@@ -215,14 +215,25 @@ def repeatability(measured: Iterable[Measured]) -> list[dict[str, Any]]:
     ]
 
 
-def report(
-    measured_paths: Iterable[Path] = (),
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Costs]]:
-    """The measured generated plans: those not in :data:`TRAINING` under the costs fitted to their
-    database's fitting plans (:func:`fitting_plans`), then every one under the shipped
-    :data:`~.model.CALIBRATED`; and the figures each fit was made to, under it. Also the fitted costs,
-    by database."""
-    measured = measured_families(measured_paths)
+def spread_summary(spreads: list[dict[str, Any]]) -> dict[str, Any]:
+    """The widest and the median spread of :func:`repeatability`'s rows (empty: none measured twice)."""
+    if not spreads:
+        return {}
+    worst = max(spreads, key=lambda r: r["spread"])
+    return {
+        "worst_static_spread": worst["spread"],
+        "worst_static_spread_plan": worst["plan"],
+        "worst_static_spread_runs": worst["runs"],
+        "median_static_spread": sorted(r["spread"] for r in spreads)[len(spreads) // 2],
+        "static_dags_measured_again": len(spreads),
+    }
+
+
+def report(measured: list[Measured]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Costs]]:
+    """The ``measured`` generated plans (:func:`measured_families`): those not in :data:`TRAINING` under
+    the costs fitted to their database's fitting plans (:func:`fitting_plans`), then every one under the
+    shipped :data:`~.model.CALIBRATED`; and the figures each fit was made to, under it. Also the fitted
+    costs, by database."""
     fits: dict[str, Costs] = {}
     plans: dict[str, list[BenchPlan]] = {}
     for database in sorted({row[0] for row in measured}):
