@@ -102,8 +102,17 @@ def build(ledger: str, *, hostile: bool = False, many: int = 0, variant: str = "
         def huge(megabytes: int) -> str:
             return "x" * (megabytes * 1_000_000)
 
-    for i in range(many):
-        server.add_tool(_numbered(i), name=f"tool_{i:05d}", description=f"Numbered tool {i}.")
+    if many:
+        # one tool built from its function, the others copies of it with their own name and function:
+        # building each from its function would take seconds per thousand tools
+        manager = server._tool_manager
+        first = manager.add_tool(_numbered(0), name="tool_00000", description="Numbered tool 0.")
+        tools = manager._tools
+        for i in range(1, many):
+            name = f"tool_{i:05d}"
+            tools[name] = first.model_copy(
+                update={"fn": _numbered(i), "name": name, "description": f"Numbered tool {i}."}
+            )
     return server
 
 

@@ -10,7 +10,8 @@ common-ai (no second connection type is registered): :mod:`~airflow_plan_provide
 Only the DAG names a server (by its connection id): a plan or a run's conf can name a tool, never a
 connection, a URL or a command.
 
-When a run plans, the planning task lists the server's tools (paged, at most ``max_tools`` kept): each
+When a run plans, the planning task lists the server's tools (paged; the first ``max_tools`` that pass
+the checks below are kept, and the tools after them are left out unchecked): each
 becomes the plan tool ``<prefix><name>`` (the prefix defaults to ``<conn_id>.``), with the server's
 description (cut to ``max_description_chars``) and input schema (a tool whose schema is over
 ``max_schema_bytes`` is left out, named in the listing). A tool marked read-only
@@ -186,12 +187,12 @@ class McpServer:
             seen.add(remote)
             if (self.include is not None and remote not in self.include) or remote in (self.exclude or ()):
                 continue
+            if len(kept) >= self.max_tools:  # not checked: a schema check costs a millisecond or more
+                skipped.append(f"{remote}: over max_tools={self.max_tools}")
+                continue
             problem = self._problem(item)
             if problem:
                 skipped.append(f"{remote}: {problem}")
-                continue
-            if len(kept) >= self.max_tools:
-                skipped.append(f"{remote}: over max_tools={self.max_tools}")
                 continue
             kept.append(self._listed(item))
         total = len(advertised)

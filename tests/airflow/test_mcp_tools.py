@@ -68,10 +68,13 @@ def http_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while True:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     break
+            if process.poll() is not None or time.monotonic() > deadline:
+                ended = process.poll()
+                raise AssertionError(f"the MCP test server was not listening on {port} after 60 s ({ended=})")
             time.sleep(0.2)
         yield port, ledger
     finally:

@@ -79,9 +79,13 @@ def test_a_listing_leaves_out_oversized_invalid_duplicate_and_surplus_tools_nami
 
 
 def test_ten_thousand_advertised_tools_are_cut_to_the_limit_and_the_skipped_lines_bounded():
-    listing = McpServer("s").listing([advertised(f"t{i:05d}") for i in range(10_000)])
-    assert len(listing.tools) == 500
+    """Past the limit a tool is skipped unchecked: its schema (invalid here) is never validated."""
+    tools = [advertised(f"t{i:05d}", schema=SCHEMA if i < 500 else {"type": 5}) for i in range(10_000)]
+    listing = McpServer("s").listing(tools)
+    assert [tool.remote_name for tool in listing.tools] == [f"t{i:05d}" for i in range(500)]
     assert len(listing.skipped) == 201 and listing.skipped[-1] == "... and 9300 more"
+    assert listing.skipped[0] == "t00500: over max_tools=500"
+    assert all(line.endswith("over max_tools=500") for line in listing.skipped[:-1])
 
 
 def test_a_description_is_cut_and_loses_its_control_characters():
