@@ -3,6 +3,8 @@
     python tests/mcp_server.py --ledger FILE                 # stdio
     python tests/mcp_server.py --ledger FILE --http PORT     # http://127.0.0.1:PORT/mcp
 
+Tests start the HTTP one with :func:`start_http` (its own process, returned once it listens).
+
 Tools:
 - ``lookup(key)``: read-only, answers ``{"key": key, "value": len(key)}``;
 - ``record(item, seconds=0)``: a side effect. It appends one line to the ledger for each idempotency key
@@ -21,7 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -121,6 +127,24 @@ def _numbered(i: int) -> Any:
         return f"{i}:{value}"
 
     return tool
+
+
+def start_http(ledger: Path, port: int, *options: str, within: float = 60) -> subprocess.Popen[bytes]:
+    """This server over streamable HTTP on 127.0.0.1:``port`` (``options``: more of its arguments), in a
+    process of its own, returned once it listens; raises ``AssertionError`` naming the port when it has not
+    within ``within`` seconds, or exited first."""
+    command = [sys.executable, __file__, "--ledger", str(ledger), "--http", str(port), *options]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + within
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return process
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            ended = process.wait(10)
+            raise AssertionError(f"the MCP test server did not listen on {port} within {within} s ({ended=})")
+        time.sleep(0.2)
 
 
 def _ledger(path: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from airflow_plan_provider.tools.mcp import IDEMPOTENCY_META_KEY, McpServer
 from airflow_plan_provider.tools.registry import ToolRegistry
 from airflow_plan_provider.tools.tool import ToolContext
 from tests.airflow.support import run_xcoms, xcom
+from tests.mcp_server import start_http
 
 pytestmark = pytest.mark.airflow
 
@@ -51,31 +51,8 @@ def free_port() -> int:
 def http_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """The test server over streamable HTTP on 127.0.0.1 (with its hostile tools), and its ledger."""
     port, ledger = free_port(), tmp_path / "http-ledger.jsonl"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(SERVER),
-            "--ledger",
-            str(ledger),
-            "--http",
-            str(port),
-            "--hostile",
-            "--many",
-            "10000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_http(ledger, port, "--hostile", "--many", "10000")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                ended = process.poll()
-                raise AssertionError(f"the MCP test server was not listening on {port} after 60 s ({ended=})")
-            time.sleep(0.2)
         yield port, ledger
     finally:
         process.terminate()

@@ -29,6 +29,7 @@ from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, TOOL
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
 from tests.e2e.conftest import E2E_DAGS, demo_env, plan_cluster, require_postgres_and_redis
+from tests.mcp_server import start_http
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +54,7 @@ class HttpServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        command = [sys.executable, str(SERVER), "--ledger", str(self.ledger), "--http", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"the MCP test server did not listen on port {self.port} within 60 s")
+        self.process = start_http(self.ledger, self.port)
 
     def kill(self) -> None:
         assert self.process is not None
