@@ -765,6 +765,28 @@ def phases(run: Run) -> dict[str, float]:
     return out
 
 
+def tie_order(run: Run, plan: Plan) -> dict[str, int]:
+    """Which of a static DAG's tasks of equal priority weight the scheduler queued first, when both
+    waited for a slot (the later one's upstream had ended half a second before the first was queued):
+    ``pairs`` such pairs, ``in task order`` of them queued in the DAG's task order (the plan's node
+    order, the order Airflow created their instances in). The simulator queues them in that order."""
+    tis = run.node_tis()
+    parents = parents_of(plan)
+    place = {node: i for i, node in enumerate(parents)}
+    ready = {node: max((tis[p]["end"] for p in parents[node]), default=run.first_start) for node in tis}
+    queued = sorted((ti["queued"], node) for node, ti in tis.items() if ti.get("queued") is not None)
+    pairs = in_order = 0
+    for i, (first_at, first) in enumerate(queued):
+        for later_at, later in queued[i + 1 :]:
+            if later_at == first_at or tis[first]["priority_weight"] != tis[later]["priority_weight"]:
+                continue
+            if ready[later] > first_at - 0.5:
+                continue
+            pairs += 1
+            in_order += place[first] < place[later]
+    return {"pairs": pairs, "in task order": in_order}
+
+
 def slot_peak(bench: Bench, run: Run) -> tuple[int, int]:
     """(peak node slots held at once, number of task process starts) of a plan-DAG run's node tasks."""
     segments = [s for ti in run.node_tis().values() for s in bench.process_segments(run, ti)]
@@ -950,6 +972,8 @@ def breakdown(bench: Bench, run: Run, plan: Plan) -> dict[str, Any]:
     }
     if run.ti(PLAN_TASK) is not None:
         out["slot peak"], out["processes"] = slot_peak(bench, run)
+    else:
+        out["ties"] = tie_order(run, plan)
     out["tool peak"] = tool_peak(run)
     return out
 
@@ -1029,6 +1053,12 @@ def print_breakdown(figures: Mapping[str, Any], indent: str = "    ") -> None:
                 f" {chain['tools']:.1f} + gaps {chain['gap sum']:.2f} ({gaps}) + tail {chain['tail']:.2f}"
             )
         print(f"{indent}  (* the child's task process started after its parent ended)")
+    if static.get("ties", {}).get("pairs"):
+        ties = static["ties"]
+        print(
+            f"{indent}static DAG: of {ties['pairs']} pairs of tasks of equal weight both waiting for a slot,"
+            f" {ties['in task order']} queued in the DAG's task order"
+        )
     if "slot peak" in plan:
         print(
             f"{indent}plan DAG node slots: peak held {plan['slot peak']}, task processes {plan['processes']}"

@@ -182,6 +182,12 @@ def write_record(path: Path, fields: dict[str, Any], rows: list[tuple[str, str, 
             f"{key}_static_s": round(f["static"]["makespan"], 1),
             f"{key}_ratio": round(ratio, 3),
         }
+        ties = f["static"].get("ties", {})
+        if ties.get("pairs"):  # the static DAG's tasks of equal weight: queued in the DAG's task order?
+            figures |= {
+                f"{key}_static_tie_pairs": ties["pairs"],
+                f"{key}_static_ties_in_task_order": round(ties["in task order"] / ties["pairs"], 3),
+            }
         if "started" in f:  # the plan DAG whose nodes with parents start on the triggerer
             started = f["started"]["makespan"] / f["static"]["makespan"]
             figures |= {

@@ -253,8 +253,10 @@ class Simulation:
         tie_order: int | None = None,
     ) -> None:
         # a static DAG's tasks of equal weight: the scheduler queues them in the order its database
-        # returns them, which the simulator does not know. None: the run order; a seed: a random order
-        # drawn from it (``--heldout`` shows how far that order alone moves a static DAG's makespan)
+        # returns them. None: the order Airflow created their instances in (the DAG's tasks, defined in
+        # the plan's node order), SQLite's order; PostgreSQL returns them in the order of its heap, which
+        # no order of the plan predicts. A seed: a random order drawn from it (``--heldout`` shows how
+        # far that order alone moves a static DAG's makespan)
         self.tie_order = tie_order
         # a plan run's nodes with parents start on the triggerer (Airflow's start_from_trigger: the
         # scheduler defers the instance, no worker start, no slot): "near" (its trigger has it take a slot
@@ -559,10 +561,13 @@ class Simulation:
         if self.sessions_in_turn and not run.static:
             rank = sum(1 for r in self.runs[: run.index] if r.trigger_at <= self.now and r.end is None)
         ties: dict[str, int] = {}
-        if run.static and self.tie_order is not None:
-            shuffled = list(run.plan.order)
-            random.Random(f"{self.tie_order}:{run.index}").shuffle(shuffled)
-            ties = {node: place for place, node in enumerate(shuffled)}
+        if run.static:
+            # tasks of equal weight come in the order Airflow created their instances, the DAG's task
+            # order: the plan's node order (or, with ``tie_order``, a random order drawn from it)
+            defined = list(run.plan.parents)
+            if self.tie_order is not None:
+                random.Random(f"{self.tie_order}:{run.index}").shuffle(defined)
+            ties = {node: place for place, node in enumerate(defined)}
         for task, nodes in run.tasks.items():
             for index, node in enumerate(nodes):
                 ti = run.tis[node] = Ti(run, node, task, index, run.weights.get(node, 1))

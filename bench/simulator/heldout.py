@@ -10,7 +10,8 @@ is predicted with the simulator's model of it (:data:`~.families.STARTED_AS_BUIL
 measured by an earlier build that build's, :data:`STARTED_BUILDS`) in a row of its own. Reported per
 plan: the makespan error (simulated / measured - 1), plan DAG and static DAG, the error of the
 plan/static ratio (simulated ratio - measured ratio), and the range of the static DAG's error over
-orders of its tasks of equal weight (:data:`TIE_ORDERS`). Targets (issue 42): makespan within 5 %,
+random orders of its tasks of equal weight (:data:`TIE_ORDERS`; the model's own order is the one
+Airflow created their instances in). Targets (issue 42): makespan within 5 %,
 ratio within 0.03.
 """
 
@@ -160,7 +161,7 @@ def family_errors(costs: Costs, measured: Iterable[Measured]) -> list[dict[str, 
     """Each measured generated plan's errors under ``costs`` (its name gives family, seed, size, cap); a
     plan measured started on the triggerer too gets a second row, ``(<database>, started)``. A row also
     gives ``static_ties``: the least and the most the static DAG takes in the simulator over
-    :data:`TIE_ORDERS` (the order in which the scheduler takes tasks of equal weight, the database's)."""
+    :data:`TIE_ORDERS` (random orders in which the scheduler could take tasks of equal weight)."""
     out = []
     policy = WaitingPolicy()
     for database, name, plan_real, static_real, started_real, mechanism in dict.fromkeys(measured):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from airflow_plan_provider.testing.in_process import run_session
 from airflow_plan_provider.tools.mcp import IDEMPOTENCY_META_KEY, McpServer
 from airflow_plan_provider.tools.registry import ToolRegistry
 from airflow_plan_provider.tools.tool import ToolContext
+from harness.servers import free_port
 from tests.airflow.support import run_xcoms, xcom
 from tests.mcp_server import start_http
 
@@ -39,12 +39,6 @@ SERVER = ROOT / "tests" / "mcp_server.py"
 def stdio_connection(conn_id: str, *args: str, monkeypatch: pytest.MonkeyPatch) -> None:
     extra = {"transport": "stdio", "command": sys.executable, "args": [str(SERVER), *args], "timeout": 60}
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "mcp", "extra": extra}))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

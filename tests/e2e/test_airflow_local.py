@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import free_port
+
 pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "airflow_local.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _processes_with_home(home: Path) -> dict[int, str]:
@@ -49,7 +44,7 @@ def _get(url: str) -> dict:
 
 
 def test_local_airflow_starts_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    home, port = tmp_path / "home", _free_port()
+    home, port = tmp_path / "home", free_port()
     out = tmp_path / "out.txt"
     with out.open("wb") as fh:
         proc = subprocess.Popen(

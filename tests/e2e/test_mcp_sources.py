@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 from airflow_plan_provider.contract import NODE_KEY, NODES_TASK, PLAN_TASK, TOOLS_KEY
 from harness.cluster import AirflowCluster
 from harness.postgres import PostgresDatabase
+from harness.servers import free_port
 from tests.e2e.conftest import E2E_DAGS, demo_env, plan_cluster, require_postgres_and_redis
 from tests.mcp_server import start_http
 
@@ -37,12 +37,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "mcp_server.py"
 DAGS = ("e2e_mcp_stdio", "e2e_mcp_http")
 TOKEN = "mcp-e2e-token-5c1f0a77d3"  # the HTTP server's bearer token: must never show in a log or XCom
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class HttpServer:

@@ -315,14 +315,19 @@ def test_started_nodes_come_near_their_parents_freely_only_in_a_run_with_slots_t
     assert short.waiting < near.waiting
 
 
-def test_a_static_dags_tasks_of_equal_weight_go_in_the_tie_order_drawn() -> None:
-    """A static DAG's tasks of equal weight are queued in an order the simulator cannot know (the
-    database's): ``tie_order`` draws one. Nine roots on two slots, one of 10 s and eight of 1 s: the
-    long root first ends the run near 10 s, last near 14 s; orders drawn from different seeds give
-    both kinds of schedule, and one seed always the same."""
+def test_a_static_dags_tasks_of_equal_weight_go_in_the_dags_task_order_or_the_tie_order_drawn() -> None:
+    """A static DAG's tasks of equal weight are queued in the order Airflow created their instances, the
+    DAG's task order (the plan's node order); ``tie_order`` draws another. Nine roots on two slots, one
+    of 10 s and eight of 1 s: the long root first ends the run near 10 s, last near 14 s; so does the
+    plan that names it first, or last; orders drawn from different seeds give both kinds of schedule,
+    and one seed always the same."""
     caps = Caps(task_cap=None, dag_cap=2, parallelism=2)
     seconds = {"a": 10.0} | {f"s{i}": 1.0 for i in range(8)}
     plan = SimPlan({node: [] for node in seconds}, seconds)
+    last = SimPlan({node: [] for node in reversed(seconds)}, seconds)
+    first_makespan = simulate(plan, POLICY, caps, CALIBRATED, static=True).makespan
+    last_makespan = simulate(last, POLICY, caps, CALIBRATED, static=True).makespan
+    assert first_makespan < 11.5 < 13.0 < last_makespan
     makespans = {
         order: simulate(plan, POLICY, caps, CALIBRATED, static=True, tie_order=order).makespan
         for order in range(12)
