@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-__all__ = ["PostgresServer", "RedisServer", "free_port"]
+__all__ = ["PostgresServer", "RedisServer", "free_port", "listening"]
 
 
 def free_port() -> int:
@@ -37,7 +37,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Whether a process accepts TCP connections on 127.0.0.1:``port`` (within a second)."""
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -172,7 +173,7 @@ class RedisServer(_Server):
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        while not _listening(self.port):
+        while not listening(self.port):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start on port {self.port} (see {log.name})")
             time.sleep(0.1)

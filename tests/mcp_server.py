@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -133,13 +132,14 @@ def start_http(ledger: Path, port: int, *options: str, within: float = 60) -> su
     """This server over streamable HTTP on 127.0.0.1:``port`` (``options``: more of its arguments), in a
     process of its own, returned once it listens; raises ``AssertionError`` naming the port when it has not
     within ``within`` seconds, or exited first."""
+    from harness.servers import listening  # the tests' side only: the server itself runs as a script
+
     command = [sys.executable, __file__, "--ledger", str(ledger), "--http", str(port), *options]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + within
     while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return process
+        if listening(port):
+            return process
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             ended = process.wait(10)
