@@ -251,7 +251,11 @@ class Simulation:
         chain_lanes: bool = False,
         chain_lanes_up_to: int | None = None,
         tie_order: int | None = None,
+        spare_share: float = 1.0,
     ) -> None:
+        # with ``starts_deferred`` "near where slots are many": a run has slots to spare when its plan's
+        # nodes fill at most this share of its slots times its layers (1.0: plan.waiting.slots_to_spare)
+        self.spare_share = spare_share
         # a static DAG's tasks of equal weight: the scheduler queues them in the order its database
         # returns them. None: the order Airflow created their instances in (the DAG's tasks, defined in
         # the plan's node order), SQLite's order; PostgreSQL returns them in the order of its heap, which
@@ -319,7 +323,7 @@ class Simulation:
             for run in self.runs
             if starts_deferred != "near where slots are many"
             or slots_to_spare(
-                len(run.plan.parents),
+                math.ceil(len(run.plan.parents) / spare_share),
                 len(topological_layers(run.plan.parents)),
                 min(caps.dag_cap, caps.parallelism),
             )

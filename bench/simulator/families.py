@@ -380,6 +380,15 @@ STARTED_AS_BUILT = (
 )
 #: an oracle row of :func:`try_mechanisms`: each plan run by whichever of these two ran it faster
 BEST_OF = (STARTED_NEAR_ALWAYS, "start on the triggerer, take a slot ready, weight descendants")
+for _share in (0.9, 0.8, 0.7):
+    MECHANISMS[
+        f"{STARTED_AS_BUILT}, slots to spare only where the nodes fill {_share:.0%} of slots x layers or less"
+    ] = _engine(
+        starts_deferred="near where slots are many",
+        node_weights="descendant places from cap 4",
+        near_if_idle="spare-less+scheduled",
+        spare_share=_share,
+    )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

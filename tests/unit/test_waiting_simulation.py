@@ -315,6 +315,25 @@ def test_started_nodes_come_near_their_parents_freely_only_in_a_run_with_slots_t
     assert short.waiting < near.waiting
 
 
+def test_a_share_of_slots_times_layers_below_one_takes_slots_to_spare_from_full_plans_only() -> None:
+    """``spare_share``: a run has slots to spare only where its nodes fill at most that share of its
+    slots times its layers. Ten chains of two nodes (20 nodes, two layers): on 10 slots (20 = 10 x 2,
+    full) they come near freely at the share 1.0 (``plan.waiting.slots_to_spare``) and through the idle
+    gate at 0.8, which brings fewer near; on 16 slots (20 < 0.8 x 32) both shares leave them free."""
+    from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
+
+    options = MECHANISMS[STARTED_AS_BUILT][2]
+    parents = {f"{kind}{i}": ([f"p{i}"] if kind == "c" else []) for i in range(10) for kind in "pc"}
+    plan = SimPlan(parents, {n: 10.0 if n.startswith("p") else 1.0 for n in parents})
+    full, wide = Caps(dag_cap=10, parallelism=10), Caps(dag_cap=16, parallelism=16)
+    free = simulate(plan, POLICY, full, CALIBRATED, **options)
+    gated = simulate(plan, POLICY, full, CALIBRATED, spare_share=0.8, **options)
+    assert free.moves.get("came_back") == 10
+    assert gated.moves.get("came_back", 0) < 10 and gated.moves.get("trigger_checkpoint", 0) > 0
+    for share in (1.0, 0.8):
+        assert simulate(plan, POLICY, wide, CALIBRATED, spare_share=share, **options).moves["came_back"] == 10
+
+
 def test_a_static_dags_tasks_of_equal_weight_go_in_the_dags_task_order_or_the_tie_order_drawn() -> None:
     """A static DAG's tasks of equal weight are queued in the order Airflow created their instances, the
     DAG's task order (the plan's node order); ``tie_order`` draws another. Nine roots on two slots, one
