@@ -252,7 +252,12 @@ class Simulation:
         chain_lanes_up_to: int | None = None,
         tie_order: int | None = None,
         spare_share: float = 1.0,
+        gate_long_tools: float | None = None,
     ) -> None:
+        # with ``near_if_idle`` "spare-less...": a run with slots to spare gates its nodes' coming near
+        # too (near only while a slot is idle) once the median of its finished tools ran longer than
+        # this many seconds (a node near a long tool holds its slot long); None: never
+        self.gate_long_tools = gate_long_tools
         # with ``starts_deferred`` "near where slots are many": a run has slots to spare when its plan's
         # nodes fill at most this share of its slots times its layers (1.0: plan.waiting.slots_to_spare)
         self.spare_share = spare_share
@@ -901,7 +906,12 @@ class Simulation:
         """Whether a node of ``run`` comes near its parents only while the run leaves a slot idle."""
         if self.near_if_idle is None:
             return False
-        return self.near_if_idle.startswith("all") or run.index not in self.near_runs
+        if self.near_if_idle.startswith("all") or run.index not in self.near_runs:
+            return True
+        if self.gate_long_tools is not None:
+            ran = [run.tool_end[n] - run.tool_start[n] for n in run.tool_end]
+            return bool(ran) and statistics.median(ran) > self.gate_long_tools
+        return False
 
     def _trigger_look(self, ti: Ti) -> None:
         """A deferred node's trigger that saw every unfinished parent running looks for their

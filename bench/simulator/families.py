@@ -389,6 +389,16 @@ for _share in (0.9, 0.8, 0.7):
         near_if_idle="spare-less+scheduled",
         spare_share=_share,
     )
+for _seconds in (8, 12):
+    MECHANISMS[
+        f"{STARTED_AS_BUILT}, and where slots are to spare near only while a slot is idle once the run's"
+        f" finished tools ran over {_seconds} s (median)"
+    ] = _engine(
+        starts_deferred="near where slots are many",
+        node_weights="descendant places from cap 4",
+        near_if_idle="spare-less+scheduled",
+        gate_long_tools=float(_seconds),
+    )
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

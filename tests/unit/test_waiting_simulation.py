@@ -334,6 +334,27 @@ def test_a_share_of_slots_times_layers_below_one_takes_slots_to_spare_from_full_
         assert simulate(plan, POLICY, wide, CALIBRATED, spare_share=share, **options).moves["came_back"] == 10
 
 
+def test_a_run_with_slots_to_spare_gates_its_nodes_coming_near_once_its_tools_ran_long() -> None:
+    """``gate_long_tools``: ten chains p (10 s) -> m (10 s) -> c (1 s) on 10 slots have slots to spare
+    (30 nodes = 10 x 3 layers). Every m and c comes near its parent freely; with the gate at 5 s, the c
+    nodes, whose parents run after the p tools ended (median 10 s), come only while a slot is idle, and
+    none is (ten m hold them): they take a slot once their parents saved their results. Tools that ran
+    shorter than the gate leave it open."""
+    from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
+
+    options = MECHANISMS[STARTED_AS_BUILT][2]
+    parents: dict[str, list[str]] = {}
+    for i in range(10):
+        parents |= {f"p{i}": [], f"m{i}": [f"p{i}"], f"c{i}": [f"m{i}"]}
+    plan = SimPlan(parents, {n: 1.0 if n.startswith("c") else 10.0 for n in parents})
+    caps = Caps(dag_cap=10, parallelism=10)
+    free = simulate(plan, POLICY, caps, CALIBRATED, **options)
+    gated = simulate(plan, POLICY, caps, CALIBRATED, gate_long_tools=5.0, **options)
+    short = simulate(plan, POLICY, caps, CALIBRATED, gate_long_tools=20.0, **options)
+    assert free.moves.get("came_back") == short.moves.get("came_back") == 20
+    assert gated.moves.get("came_back") == 10 and gated.moves.get("trigger_checkpoint") == 10
+
+
 def test_a_static_dags_tasks_of_equal_weight_go_in_the_dags_task_order_or_the_tie_order_drawn() -> None:
     """A static DAG's tasks of equal weight are queued in the order Airflow created their instances, the
     DAG's task order (the plan's node order); ``tie_order`` draws another. Nine roots on two slots, one
