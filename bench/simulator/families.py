@@ -380,25 +380,16 @@ STARTED_AS_BUILT = (
 )
 #: an oracle row of :func:`try_mechanisms`: each plan run by whichever of these two ran it faster
 BEST_OF = (STARTED_NEAR_ALWAYS, "start on the triggerer, take a slot ready, weight descendants")
+# the start on the triggerer as built, with one change each
 for _share in (0.9, 0.8, 0.7):
     MECHANISMS[
         f"{STARTED_AS_BUILT}, slots to spare only where the nodes fill {_share:.0%} of slots x layers or less"
-    ] = _engine(
-        starts_deferred="near where slots are many",
-        node_weights="descendant places from cap 4",
-        near_if_idle="spare-less+scheduled",
-        spare_share=_share,
-    )
+    ] = _engine(**MECHANISMS[STARTED_AS_BUILT][2], spare_share=_share)
 for _seconds in (8, 12):
     MECHANISMS[
         f"{STARTED_AS_BUILT}, and where slots are to spare near only while a slot is idle once the run's"
         f" finished tools ran over {_seconds} s (median)"
-    ] = _engine(
-        starts_deferred="near where slots are many",
-        node_weights="descendant places from cap 4",
-        near_if_idle="spare-less+scheduled",
-        gate_long_tools=float(_seconds),
-    )
+    ] = _engine(**MECHANISMS[STARTED_AS_BUILT][2], gate_long_tools=float(_seconds))
 for _most in (200, 300, 600):
     MECHANISMS[f"whole-task reads up to {_most} nodes"] = (
         lambda most=_most: WaitingPolicy(read_all_states_up_to=most),  # type: ignore[misc]

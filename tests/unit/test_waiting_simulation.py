@@ -292,6 +292,12 @@ def test_an_oracle_trigger_brings_its_node_to_a_slot_just_before_its_parent_ends
     assert 25.0 < near.slot_seconds - timed.slot_seconds < 30.0
 
 
+def ten_chains_of_two() -> SimPlan:
+    """Ten chains p (10 s) -> c (1 s): 20 nodes in two layers."""
+    parents = {f"{kind}{i}": ([f"p{i}"] if kind == "c" else []) for i in range(10) for kind in "pc"}
+    return SimPlan(parents, {n: 10.0 if n.startswith("p") else 1.0 for n in parents})
+
+
 def test_started_nodes_come_near_their_parents_freely_only_in_a_run_with_slots_to_spare() -> None:
     """The start on the triggerer as built (``families.STARTED_AS_BUILT``): ten chains of two nodes (two
     layers) on 16 slots come near their parents (coming back while the parents run); on 4 slots (20
@@ -302,8 +308,7 @@ def test_started_nodes_come_near_their_parents_freely_only_in_a_run_with_slots_t
     from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
 
     options = MECHANISMS[STARTED_AS_BUILT][2]
-    parents = {f"{kind}{i}": ([f"p{i}"] if kind == "c" else []) for i in range(10) for kind in "pc"}
-    plan = SimPlan(parents, {n: 10.0 if n.startswith("p") else 1.0 for n in parents})
+    plan = ten_chains_of_two()
     spare = simulate(plan, POLICY, Caps(dag_cap=16, parallelism=16), CALIBRATED, **options)
     short = simulate(plan, POLICY, Caps(dag_cap=4, parallelism=4), CALIBRATED, **options)
     ungated = {key: value for key, value in options.items() if key != "near_if_idle"}
@@ -323,8 +328,7 @@ def test_a_share_of_slots_times_layers_below_one_takes_slots_to_spare_from_full_
     from bench.simulator.families import MECHANISMS, STARTED_AS_BUILT
 
     options = MECHANISMS[STARTED_AS_BUILT][2]
-    parents = {f"{kind}{i}": ([f"p{i}"] if kind == "c" else []) for i in range(10) for kind in "pc"}
-    plan = SimPlan(parents, {n: 10.0 if n.startswith("p") else 1.0 for n in parents})
+    plan = ten_chains_of_two()
     full, wide = Caps(dag_cap=10, parallelism=10), Caps(dag_cap=16, parallelism=16)
     free = simulate(plan, POLICY, full, CALIBRATED, **options)
     gated = simulate(plan, POLICY, full, CALIBRATED, spare_share=0.8, **options)
